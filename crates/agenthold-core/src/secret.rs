@@ -1,0 +1,410 @@
+//! Secrets (E10–E13, E15): values that never enter a sandbox, the rules that say where the gateway may inject
+//! them, presets for common providers, placeholders, and the [`SecretInjector`] trait.
+
+use std::fmt;
+
+use zeroize::Zeroizing;
+
+use crate::error::Error;
+use crate::ids::AgentId;
+use crate::policy::{DenyReason, HostPattern, PolicyEntry, PortSpec};
+use crate::template::Template;
+
+/// The prefix of every placeholder a sandbox sees instead of a secret value.
+pub const PLACEHOLDER_PREFIX: &str = "agenthold-placeholder-";
+
+/// A secret value. Zeroized on drop; its `Debug` never shows the value, it has no `Display` and no
+/// `Serialize`, so it cannot reach a log line or an API response by accident.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretValue(Zeroizing<Vec<u8>>);
+
+impl SecretValue {
+    /// Wrap bytes.
+    #[must_use]
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Self(Zeroizing::new(bytes.into()))
+    }
+
+    /// The value's bytes; keep the borrow short and never log it.
+    #[must_use]
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<String> for SecretValue {
+    fn from(s: String) -> Self {
+        Self::new(s.into_bytes())
+    }
+}
+
+impl From<&str> for SecretValue {
+    fn from(s: &str) -> Self {
+        Self::new(s.as_bytes().to_vec())
+    }
+}
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretValue(<redacted>)")
+    }
+}
+
+/// What a rule does on requests to its hosts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleKind {
+    /// Set `header` to the rendered `template`, and replace the agent's placeholder wherever it appears in
+    /// header values or the query string (E11, E13).
+    Header {
+        /// Header to set (lower case).
+        header: String,
+        /// Its value.
+        template: Template,
+    },
+    /// Account login (E15): replace the placeholder only inside `header`, never add the header, and only on
+    /// paths starting with one of `path_prefixes` (all paths when empty).
+    Login {
+        /// The one header the placeholder may be replaced in (lower case).
+        header: String,
+        /// URL path prefixes the rule is limited to.
+        path_prefixes: Vec<String>,
+    },
+}
+
+/// Where and how a secret may be injected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRule {
+    /// Hosts the secret may be sent to: exact names or `*.` wildcards, never addresses.
+    pub hosts: Vec<HostPattern>,
+    /// What to do on requests to those hosts.
+    pub kind: RuleKind,
+}
+
+impl SecretRule {
+    /// A header rule from textual hosts, header name and template source.
+    ///
+    /// # Errors
+    /// [`Error::Secret`] for an address, a port or an invalid name in `hosts`, an invalid header name, or a
+    /// template that does not parse.
+    pub fn header<S: AsRef<str>>(hosts: &[S], header: &str, template: &str) -> Result<Self, Error> {
+        Ok(Self {
+            hosts: parse_rule_hosts(hosts)?,
+            kind: RuleKind::Header { header: parse_header_name(header)?, template: Template::parse(template)? },
+        })
+    }
+
+    /// A login rule (see [`RuleKind::Login`]).
+    ///
+    /// # Errors
+    /// As [`SecretRule::header`]; path prefixes must start with `/`.
+    pub fn login<S: AsRef<str>>(hosts: &[S], header: &str, path_prefixes: &[S]) -> Result<Self, Error> {
+        let path_prefixes = path_prefixes
+            .iter()
+            .map(|p| {
+                let p = p.as_ref();
+                if p.starts_with('/') {
+                    Ok(p.to_owned())
+                } else {
+                    Err(bad_rule(format!("path prefix {p:?} must start with '/'")))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            hosts: parse_rule_hosts(hosts)?,
+            kind: RuleKind::Login { header: parse_header_name(header)?, path_prefixes },
+        })
+    }
+
+    /// Whether `host` (normalised) is covered by this rule.
+    #[must_use]
+    pub fn covers(&self, host: &str) -> bool {
+        self.hosts.iter().any(|h| h.matches_name(host))
+    }
+}
+
+fn bad_rule(problem: String) -> Error {
+    Error::Secret { name: String::new(), problem }
+}
+
+/// Parse rule hosts: names and `*.` wildcards, without ports or addresses.
+fn parse_rule_hosts<S: AsRef<str>>(hosts: &[S]) -> Result<Vec<HostPattern>, Error> {
+    if hosts.is_empty() {
+        return Err(bad_rule("a rule needs at least one host".into()));
+    }
+    hosts
+        .iter()
+        .map(|h| {
+            let h = h.as_ref();
+            let entry = PolicyEntry::parse(h).map_err(|e| bad_rule(e.to_string()))?;
+            match (entry.host, entry.ports) {
+                (HostPattern::Network(_), _) => Err(bad_rule(format!("rule host {h:?} must be a name, not an address"))),
+                (_, PortSpec::One(_) | PortSpec::Any) => {
+                    Err(bad_rule(format!("rule host {h:?} must not have a port")))
+                }
+                (host, PortSpec::Web) => Ok(host),
+            }
+        })
+        .collect()
+}
+
+/// Validate an HTTP header name (RFC 9110 token) and lower-case it.
+fn parse_header_name(name: &str) -> Result<String, Error> {
+    const SPECIALS: &[u8] = b"!#$%&'*+-.^_`|~";
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || SPECIALS.contains(&b)) {
+        return Err(bad_rule(format!("{name:?} is not a valid HTTP header name")));
+    }
+    Ok(name.to_ascii_lowercase())
+}
+
+/// Built-in rules for common providers (E11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Preset {
+    /// `x-api-key: VALUE` on api.anthropic.com.
+    Anthropic,
+    /// `Authorization: Bearer VALUE` on api.openai.com.
+    #[serde(rename = "openai")]
+    OpenAi,
+    /// `Authorization: Bearer VALUE` on api.github.com, and
+    /// `Authorization: Basic base64(x-access-token:VALUE)` on github.com (git over HTTPS).
+    #[serde(rename = "github")]
+    GitHub,
+    /// `Authorization: Bearer VALUE` on gitlab.com.
+    #[serde(rename = "gitlab")]
+    GitLab,
+    /// `Authorization: Bearer VALUE` on openrouter.ai.
+    #[serde(rename = "openrouter")]
+    OpenRouter,
+}
+
+impl Preset {
+    /// Every preset.
+    pub const ALL: [Self; 5] = [Self::Anthropic, Self::OpenAi, Self::GitHub, Self::GitLab, Self::OpenRouter];
+
+    /// The preset's lower-case name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Anthropic => "anthropic",
+            Self::OpenAi => "openai",
+            Self::GitHub => "github",
+            Self::GitLab => "gitlab",
+            Self::OpenRouter => "openrouter",
+        }
+    }
+
+    /// Look a preset up by name (case-insensitive).
+    ///
+    /// # Errors
+    /// [`Error::Secret`] listing the known presets.
+    pub fn from_name(name: &str) -> Result<Self, Error> {
+        Self::ALL.into_iter().find(|p| p.name().eq_ignore_ascii_case(name)).ok_or_else(|| Error::Secret {
+            name: name.to_owned(),
+            problem: format!(
+                "unknown preset; known presets: {}",
+                Self::ALL.map(Self::name).join(", ")
+            ),
+        })
+    }
+
+    /// The preset's rules.
+    #[must_use]
+    pub fn rules(self) -> Vec<SecretRule> {
+        let rule = |host: &str, header: &str, template: &str| SecretRule {
+            hosts: vec![HostPattern::Exact(host.to_owned())],
+            kind: RuleKind::Header {
+                header: header.to_owned(),
+                template: Template::parse(template).unwrap_or_else(|e| unreachable!("preset template: {e}")),
+            },
+        };
+        match self {
+            Self::Anthropic => vec![rule("api.anthropic.com", "x-api-key", "{{.Value}}")],
+            Self::OpenAi => vec![rule("api.openai.com", "authorization", "Bearer {{.Value}}")],
+            Self::GitHub => vec![
+                rule("api.github.com", "authorization", "Bearer {{.Value}}"),
+                rule("github.com", "authorization", r#"Basic {{base64 (print "x-access-token:" .Value)}}"#),
+            ],
+            Self::GitLab => vec![rule("gitlab.com", "authorization", "Bearer {{.Value}}")],
+            Self::OpenRouter => vec![rule("openrouter.ai", "authorization", "Bearer {{.Value}}")],
+        }
+    }
+}
+
+/// A secret attached to an agent: its value, the rules that say where it may go, and the environment
+/// variable that carries its placeholder inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretSpec {
+    /// Name, unique per agent (letters, digits, `_`, `-`, `.`; 1–64 characters).
+    pub name: String,
+    /// The value (never enters the sandbox).
+    pub value: SecretValue,
+    /// Environment variable that holds the placeholder in the sandbox, if any.
+    pub env: Option<String>,
+    /// Injection rules.
+    pub rules: Vec<SecretRule>,
+}
+
+impl SecretSpec {
+    /// A secret with explicit rules, validated.
+    ///
+    /// # Errors
+    /// [`Error::Secret`] for a bad name or environment variable name, or no rules.
+    pub fn new(
+        name: &str,
+        value: SecretValue,
+        env: Option<&str>,
+        rules: Vec<SecretRule>,
+    ) -> Result<Self, Error> {
+        let fail = |problem: String| Error::Secret { name: name.to_owned(), problem };
+        if name.is_empty()
+            || name.len() > 64
+            || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+        {
+            return Err(fail("names are 1-64 characters of letters, digits, '_', '-' and '.'".into()));
+        }
+        if let Some(env) = env
+            && (env.is_empty()
+                || env.as_bytes()[0].is_ascii_digit()
+                || !env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+        {
+            return Err(fail(format!("{env:?} is not a valid environment variable name")));
+        }
+        if rules.is_empty() {
+            return Err(fail("a secret needs at least one rule".into()));
+        }
+        Ok(Self { name: name.to_owned(), value, env: env.map(str::to_owned), rules })
+    }
+
+    /// A secret with a preset's rules.
+    ///
+    /// # Errors
+    /// As [`SecretSpec::new`].
+    pub fn preset(name: &str, preset: Preset, value: SecretValue, env: Option<&str>) -> Result<Self, Error> {
+        Self::new(name, value, env, preset.rules())
+    }
+
+    /// Whether any rule covers `host` (normalised).
+    #[must_use]
+    pub fn covers(&self, host: &str) -> bool {
+        self.rules.iter().any(|r| r.covers(host))
+    }
+}
+
+/// A fresh placeholder: the prefix and 32 base32 characters (160 random bits).
+#[must_use]
+pub fn new_placeholder() -> String {
+    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let mut bytes = [0u8; 32];
+    // A placeholder from a broken generator would be guessable by another agent; stopping is better.
+    #[allow(clippy::expect_used)]
+    getrandom::fill(&mut bytes).expect("operating system random number generator failed");
+    let mut out = String::with_capacity(PLACEHOLDER_PREFIX.len() + 32);
+    out.push_str(PLACEHOLDER_PREFIX);
+    out.extend(bytes.iter().map(|b| char::from(ALPHABET[usize::from(b & 31)])));
+    out
+}
+
+/// The head of one HTTP request, as the gateway hands it to a [`SecretInjector`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHead {
+    /// Method (`GET`, …).
+    pub method: String,
+    /// The normalised host the request is for (`Host` or `:authority`, without port).
+    pub host: String,
+    /// Path and query (`/a/b?c=d`).
+    pub path_and_query: String,
+    /// Header names (lower case) and values, in order.
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+/// What the injector did to a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InjectOutcome {
+    /// Forward the (possibly rewritten) request; names the secrets that were injected.
+    Forward {
+        /// Names of the secrets injected (never their values).
+        injected: Vec<String>,
+    },
+    /// Refuse the request with this HTTP status.
+    Refuse {
+        /// HTTP status to answer (403, 421).
+        status: u16,
+        /// Why.
+        reason: DenyReason,
+        /// Name of the secret concerned, if any.
+        secret: Option<String>,
+    },
+}
+
+/// Decides which TLS connections to intercept and rewrites request heads on them.
+///
+/// Contract: `intercepts` is true only for hosts covered by one of the agent's secret rules (E13); only then
+/// does the gateway terminate TLS. `rewrite` is called for every request on an intercepted connection with
+/// `tls_host` = the connection's SNI, and for every plain-HTTP request with `tls_host = None`, in which case
+/// it must never inject (E13) but may refuse a request that carries a placeholder (leak guard). It never
+/// touches bodies. Both methods run per connection or request and must not block.
+pub trait SecretInjector: Send + Sync {
+    /// Whether TLS connections from `agent` to `host` (normalised SNI) are intercepted.
+    fn intercepts(&self, agent: &AgentId, host: &str) -> bool;
+    /// Rewrite one request head.
+    fn rewrite(&self, agent: &AgentId, tls_host: Option<&str>, head: &mut RequestHead) -> InjectOutcome;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_is_never_debug_printed() {
+        let v = SecretValue::from("sk-live-123");
+        assert!(!format!("{v:?}").contains("sk-live"));
+        let spec = SecretSpec::preset("k", Preset::Anthropic, v, Some("KEY")).unwrap();
+        assert!(!format!("{spec:?}").contains("sk-live"));
+    }
+
+    #[test]
+    fn rules_validate() {
+        assert!(SecretRule::header(&["api.example.com"], "Authorization", "Bearer {{.Value}}").is_ok());
+        assert!(SecretRule::header(&["*.example.com"], "x-api-key", "{{.Value}}").is_ok());
+        let empty: [&str; 0] = [];
+        for (hosts, header) in [
+            (&["10.0.0.1"][..], "a"),
+            (&["example.com:443"][..], "a"),
+            (&["example.com"][..], "bad header"),
+            (&["example.com"][..], ""),
+            (&empty[..], "a"),
+        ] {
+            assert!(SecretRule::header(hosts, header, "{{.Value}}").is_err(), "{hosts:?} {header:?}");
+        }
+        assert!(SecretRule::login(&["chatgpt.com"], "authorization", &["backend-api/"]).is_err());
+    }
+
+    #[test]
+    fn presets_cover_their_hosts() {
+        for p in Preset::ALL {
+            assert_eq!(Preset::from_name(p.name()).unwrap(), p);
+            assert!(!p.rules().is_empty());
+        }
+        let gh = SecretSpec::preset("gh", Preset::GitHub, "t".into(), None).unwrap();
+        assert!(gh.covers("github.com") && gh.covers("api.github.com") && !gh.covers("gist.github.com"));
+        assert!(Preset::from_name("nope").unwrap_err().to_string().contains("anthropic"));
+    }
+
+    #[test]
+    fn placeholders_are_random_and_prefixed() {
+        let a = new_placeholder();
+        assert!(a.starts_with(PLACEHOLDER_PREFIX));
+        assert_eq!(a.len(), PLACEHOLDER_PREFIX.len() + 32);
+        assert_ne!(a, new_placeholder());
+    }
+
+    #[test]
+    fn secret_names_and_env_validate() {
+        let r = Preset::OpenAi.rules();
+        assert!(SecretSpec::new("ok.name-1", "v".into(), Some("OPENAI_API_KEY"), r.clone()).is_ok());
+        assert!(SecretSpec::new("bad name", "v".into(), None, r.clone()).is_err());
+        assert!(SecretSpec::new("n", "v".into(), Some("1X"), r.clone()).is_err());
+        assert!(SecretSpec::new("n", "v".into(), Some("A-B"), r).is_err());
+        assert!(SecretSpec::new("n", "v".into(), None, vec![]).is_err());
+    }
+}
