@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install and start what the tests need, when missing: Docker engine, nftables, network tools, clients used
+# inside test sandboxes, and cargo-audit. Idempotent; run by `make test`. Needs root (apt, dockerd).
+set -euo pipefail
+
+log() { printf 'ensure-deps: %s\n' "$*" >&2; }
+
+need_pkgs=()
+want() { command -v "$1" >/dev/null 2>&1 || need_pkgs+=("$2"); }
+want dockerd docker.io
+want nft nftables
+want iptables iptables
+want ip iproute2
+want curl curl
+want git git
+want openssl openssl
+want debootstrap debootstrap
+want unshare util-linux
+want dnsmasq dnsmasq-base
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    log "missing ${need_pkgs[*]} and not root: install them or run as root"; exit 1
+  fi
+  log "installing ${need_pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+# Docker engine: start it when its socket does not answer.
+if ! docker version >/dev/null 2>&1; then
+  log "starting dockerd"
+  mkdir -p /var/log
+  nohup dockerd >/var/log/agenthold-dockerd.log 2>&1 &
+  for _ in $(seq 60); do
+    docker version >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  docker version >/dev/null 2>&1 || { log "dockerd did not come up; see /var/log/agenthold-dockerd.log"; exit 1; }
+fi
+
+if ! command -v cargo-audit >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo-audit" ]; then
+  log "installing cargo-audit (takes several minutes once)"
+  cargo install cargo-audit --locked --quiet
+fi
+log "ok"
