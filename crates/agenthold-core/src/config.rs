@@ -1,6 +1,671 @@
-//! The one typed configuration (E17).
-// Implementation pending (issue 2, item 5).
+//! The one typed configuration (E17): a YAML file whose keys match the seeds (`egress.proxy_port`, …), with
+//! `AGENTHOLD_*` environment overrides, validated at load so that a bad key or value fails at start with a
+//! message naming the key (or the variable that set it).
+//!
+//! Loading: the YAML is merged over [`Config::default`] (every default is stated on its field and in
+//! `docs/configuration.md`), then every environment variable named `AGENTHOLD_` + the key path upper-cased
+//! with `.` replaced by `_` (`AGENTHOLD_EGRESS_PROXY_PORT`, `AGENTHOLD_DATA_DIR`) overrides its key. The list
+//! of keys is derived from the default configuration, so a new field gets its variable automatically.
+//! Other `AGENTHOLD_*` variables (such as `AGENTHOLD_MASTER_KEY`) are ignored here. The process environment
+//! is only ever read.
 
-/// agenthold's configuration.
-#[derive(Debug, Clone, Default)]
-pub struct Config {}
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+/// Prefix of every environment variable that overrides a configuration key.
+pub const ENV_PREFIX: &str = "AGENTHOLD_";
+
+/// Where [`EgressConfig::dns_upstream`] looks for a nameserver when `egress.dns_upstream` is empty.
+pub const RESOLV_CONF: &str = "/etc/resolv.conf";
+
+/// agenthold's configuration. Every field has a default (stated on it); an empty file is a valid
+/// configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Directory for the database, the master key and the CA; an absolute path. Default: `""`, meaning
+    /// `/var/lib/agenthold` when running as root, otherwise `$XDG_DATA_HOME/agenthold` or
+    /// `~/.local/share/agenthold` (see [`Config::data_dir`]).
+    pub data_dir: PathBuf,
+    /// The egress gateway.
+    pub egress: EgressConfig,
+    /// Secret storage.
+    pub secrets: SecretsConfig,
+    /// Sandboxes.
+    pub sandbox: SandboxConfig,
+    /// The HTTP API server.
+    pub server: ServerConfig,
+}
+
+/// `egress.*`: the gateway's ports, upstream DNS, request log and timeouts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressConfig {
+    /// `true`: sandboxes have no network access at all. Default: `false`.
+    pub disabled: bool,
+    /// Port of the transparent proxy (all redirected TCP). Default: `15001`.
+    pub proxy_port: u16,
+    /// Port of the explicit proxy, the `HTTPS_PROXY` target. Default: `15002`.
+    pub explicit_port: u16,
+    /// Port of the DNS resolver (UDP and TCP). Default: `15053`.
+    pub dns_port: u16,
+    /// Port of the sandboxd tunnel. Default: `15003`.
+    pub tunnel_port: u16,
+    /// Upstream DNS server: `IP` or `IP:PORT` (`[IPv6]:PORT`), port 53 when omitted. Default: `""`, meaning
+    /// the first nameserver of `/etc/resolv.conf` (see [`EgressConfig::dns_upstream`]).
+    pub dns_upstream: String,
+    /// Request log entries kept per agent (the newest are kept). Default: `5000`.
+    pub log_keep: usize,
+    /// What to do with a request that carries a secret's placeholder to a host outside that secret's rule.
+    /// Default: `block`.
+    pub leak_guard: LeakGuard,
+    /// Seconds to wait for a ClientHello or a request head. Default: `10`.
+    pub sniff_timeout_secs: u64,
+    /// Seconds to wait for an upstream connection. Default: `10`.
+    pub connect_timeout_secs: u64,
+    /// Seconds after which a spliced or proxied connection idle in both directions is closed. Default: `600`.
+    pub idle_timeout_secs: u64,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        Self {
+            disabled: false,
+            proxy_port: 15001,
+            explicit_port: 15002,
+            dns_port: 15053,
+            tunnel_port: 15003,
+            dns_upstream: String::new(),
+            log_keep: 5000,
+            leak_guard: LeakGuard::Block,
+            sniff_timeout_secs: 10,
+            connect_timeout_secs: 10,
+            idle_timeout_secs: 600,
+        }
+    }
+}
+
+/// `egress.leak_guard`: what happens to a request carrying a placeholder to a host outside its secret's
+/// rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LeakGuard {
+    /// Refuse the request (the default).
+    #[default]
+    Block,
+    /// Forward it and record the leak in the request log.
+    Log,
+}
+
+/// `secrets.*`: where the master key lives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecretsConfig {
+    /// The master key file (32 raw bytes, mode 0600, created on first start); an absolute path. Default:
+    /// `""`, meaning `<data_dir>/master.key`. `AGENTHOLD_MASTER_KEY` (base64), when set, is used instead.
+    pub master_key_file: PathBuf,
+}
+
+/// `sandbox.*`: container runtime, image and limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    /// OCI runtime for sandboxes. Default: `runc`.
+    pub runtime: ContainerRuntime,
+    /// Image for new sandboxes. Default: `agenthold/dev:latest`.
+    pub image: String,
+    /// CPU limit per sandbox, in CPUs. Default: `2.0`.
+    pub cpus: f64,
+    /// Memory limit per sandbox, in bytes (at least 16 MiB). Default: `2147483648` (2 GiB).
+    pub memory_bytes: u64,
+    /// Process limit per sandbox (at least 16). Default: `512`.
+    pub pids: u32,
+    /// IPv4 pool the agent networks are taken from, one `/24` each; the prefix must be at most 24.
+    /// Default: `10.213.0.0/16`.
+    pub subnet_pool: Ipv4Net,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            runtime: ContainerRuntime::Runc,
+            image: "agenthold/dev:latest".into(),
+            cpus: 2.0,
+            memory_bytes: 2 * 1024 * 1024 * 1024,
+            pids: 512,
+            subnet_pool: Ipv4Net::new_assert(std::net::Ipv4Addr::new(10, 213, 0, 0), 16),
+        }
+    }
+}
+
+/// `sandbox.runtime`: the OCI runtime sandboxes run under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum ContainerRuntime {
+    /// `runc`, Docker's default (the default).
+    #[default]
+    #[serde(rename = "runc")]
+    Runc,
+    /// `runsc`: gVisor.
+    #[serde(rename = "runsc")]
+    Runsc,
+    /// `sysbox-runc`: Sysbox.
+    #[serde(rename = "sysbox-runc")]
+    SysboxRunc,
+}
+
+impl ContainerRuntime {
+    /// The runtime's name as the container engine knows it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Runc => "runc",
+            Self::Runsc => "runsc",
+            Self::SysboxRunc => "sysbox-runc",
+        }
+    }
+}
+
+/// `server.*`: the HTTP API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address the HTTP API listens on. Default: `127.0.0.1:8080`.
+    pub listen: SocketAddr,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+        }
+    }
+}
+
+impl Config {
+    /// Load the configuration: the YAML file at `path` when given (no file means all defaults), then the
+    /// `AGENTHOLD_*` variables of the process environment.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the file cannot be read; [`Error::Config`] naming the key (or the variable) for
+    /// invalid YAML, an unknown key or an invalid value.
+    pub fn load(path: Option<&Path>) -> Result<Self> {
+        let text = match path {
+            Some(path) => std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?,
+            None => String::new(),
+        };
+        let known = leaf_keys()?;
+        let mut env = Vec::new();
+        for (name, value) in std::env::vars_os() {
+            let Some(name) = name.to_str().filter(|n| known.contains_key(*n)) else {
+                continue;
+            };
+            let value = value.into_string().map_err(|_| Error::Config {
+                key: name.to_owned(),
+                problem: "is not valid UTF-8".into(),
+            })?;
+            env.push((name.to_owned(), value));
+        }
+        Self::from_yaml(&text, env).map_err(|e| match (e, path) {
+            (Error::Config { key, problem }, Some(path)) if key == DOCUMENT => Error::Config {
+                key: path.display().to_string(),
+                problem,
+            },
+            (e, _) => e,
+        })
+    }
+
+    /// Parse `text` (YAML; empty means all defaults) and apply the `AGENTHOLD_*` variables among `env`
+    /// (others are ignored). Pure: reads neither files nor the process environment.
+    ///
+    /// A section given without keys (`egress:`) keeps its defaults; a key given without a value is an
+    /// error. An environment value for a text key is taken verbatim; for other keys it is parsed as a YAML
+    /// scalar (`15001`, `true`, `2.5`).
+    ///
+    /// # Errors
+    /// [`Error::Config`] whose `key` is the dotted key path (`egress.proxy_port`) or, for a value that came
+    /// from the environment, the variable's name.
+    pub fn from_yaml(text: &str, env: impl IntoIterator<Item = (String, String)>) -> Result<Self> {
+        let mut tree = defaults_tree()?;
+        let user: Value = serde_saphyr::from_str(text).map_err(|e| Error::Config {
+            key: DOCUMENT.into(),
+            problem: format!("invalid YAML: {e}"),
+        })?;
+        match user {
+            Value::Null => {}
+            Value::Object(user) => merge(&mut tree, user, "")?,
+            other => {
+                return Err(Error::Config {
+                    key: DOCUMENT.into(),
+                    problem: format!("expected a mapping of sections, found {}", kind_of(&other)),
+                });
+            }
+        }
+        let known = leaf_keys()?;
+        // key path -> variable that set it, to name the variable in errors.
+        let mut origin = BTreeMap::new();
+        for (name, raw) in env {
+            let Some(leaf) = known.get(&name) else { continue };
+            let value = if leaf.default.is_string() {
+                Value::String(raw)
+            } else {
+                parse_scalar(&raw).ok_or_else(|| Error::Config {
+                    key: name.clone(),
+                    problem: if raw.trim().is_empty() {
+                        format!("is empty (sets {})", leaf.path)
+                    } else {
+                        format!("{raw:?} is not a single value (sets {})", leaf.path)
+                    },
+                })?
+            };
+            set_path(&mut tree, &leaf.path, value);
+            tracing::debug!(variable = %name, key = %leaf.path, "configuration key set from the environment");
+            origin.insert(leaf.path.clone(), name);
+        }
+        // Blame the first key involved that an environment variable set, else the first key.
+        let name_key = |keys: Vec<String>, problem: String| match keys
+            .iter()
+            .find_map(|k| origin.get(k).map(|var| (k, var)))
+        {
+            Some((path, var)) => Error::Config {
+                key: var.clone(),
+                problem: format!("{problem} (sets {path})"),
+            },
+            None => Error::Config {
+                key: keys.into_iter().next().unwrap_or_default(),
+                problem,
+            },
+        };
+        let config: Self = serde_path_to_error::deserialize(tree)
+            .map_err(|e| name_key(vec![e.path().to_string()], e.inner().to_string()))?;
+        config
+            .validate()
+            .map_err(|(keys, problem)| name_key(keys, problem))?;
+        Ok(config)
+    }
+
+    /// Every environment variable that overrides a key, with the key's dotted path, in key order.
+    ///
+    /// # Errors
+    /// [`Error::Config`] only if the default configuration cannot be represented (a bug).
+    pub fn environment_variables() -> Result<Vec<(String, String)>> {
+        Ok(leaf_keys()?
+            .into_iter()
+            .map(|(var, leaf)| (var, leaf.path))
+            .collect())
+    }
+
+    /// The data directory: `data_dir`, or when empty `/var/lib/agenthold` for root (effective uid 0), else
+    /// `$XDG_DATA_HOME/agenthold` (when set and absolute) or `$HOME/.local/share/agenthold`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for `data_dir` when it is empty, the process is not root and neither
+    /// `XDG_DATA_HOME` nor `HOME` gives a directory.
+    pub fn data_dir(&self) -> Result<PathBuf> {
+        if !self.data_dir.as_os_str().is_empty() {
+            return Ok(self.data_dir.clone());
+        }
+        let xdg = std::env::var_os("XDG_DATA_HOME");
+        let home = std::env::var_os("HOME");
+        default_data_dir(
+            rustix::process::geteuid().is_root(),
+            xdg.as_deref(),
+            home.as_deref(),
+        )
+        .ok_or_else(|| Error::Config {
+            key: "data_dir".into(),
+            problem: "is empty and neither XDG_DATA_HOME nor HOME is set; set data_dir or \
+                          AGENTHOLD_DATA_DIR"
+                .into(),
+        })
+    }
+
+    /// The master key file: `secrets.master_key_file`, or `<data_dir>/master.key` when empty.
+    ///
+    /// # Errors
+    /// As [`Config::data_dir`].
+    pub fn master_key_file(&self) -> Result<PathBuf> {
+        if self.secrets.master_key_file.as_os_str().is_empty() {
+            Ok(self.data_dir()?.join("master.key"))
+        } else {
+            Ok(self.secrets.master_key_file.clone())
+        }
+    }
+
+    /// Check the values serde cannot: ranges, distinct ports, parseable addresses. Returns the key paths
+    /// involved (the offending one first) and the problem.
+    fn validate(&self) -> Result<(), (Vec<String>, String)> {
+        let fail = |key: &str, problem: String| Err((vec![key.to_owned()], problem));
+        for (key, path) in [
+            ("data_dir", &self.data_dir),
+            ("secrets.master_key_file", &self.secrets.master_key_file),
+        ] {
+            if !path.as_os_str().is_empty() && !path.is_absolute() {
+                return fail(
+                    key,
+                    format!(
+                        "{} must be an absolute path (or empty for the default)",
+                        path.display()
+                    ),
+                );
+            }
+        }
+        let e = &self.egress;
+        let ports = [
+            ("egress.proxy_port", e.proxy_port),
+            ("egress.explicit_port", e.explicit_port),
+            ("egress.dns_port", e.dns_port),
+            ("egress.tunnel_port", e.tunnel_port),
+        ];
+        for (i, (key, port)) in ports.iter().enumerate() {
+            if *port == 0 {
+                return fail(key, "must be a port from 1 to 65535, found 0".into());
+            }
+            if let Some((other, _)) = ports[..i].iter().find(|(_, p)| p == port) {
+                let problem =
+                    format!("port {port} is both {other} and {key}; the egress ports must all differ");
+                return Err((vec![(*key).to_owned(), (*other).to_owned()], problem));
+            }
+        }
+        if e.log_keep == 0 {
+            return fail("egress.log_keep", "must be at least 1, found 0".into());
+        }
+        if !e.dns_upstream.is_empty() && parse_dns_upstream(&e.dns_upstream).is_none() {
+            return fail(
+                "egress.dns_upstream",
+                format!(
+                    "{:?} is not an IP address or IP:PORT (e.g. 192.0.2.53 or [2001:db8::53]:53)",
+                    e.dns_upstream
+                ),
+            );
+        }
+        for (key, secs) in [
+            ("egress.sniff_timeout_secs", e.sniff_timeout_secs),
+            ("egress.connect_timeout_secs", e.connect_timeout_secs),
+            ("egress.idle_timeout_secs", e.idle_timeout_secs),
+        ] {
+            if secs == 0 {
+                return fail(key, "must be at least 1 second, found 0".into());
+            }
+        }
+        let s = &self.sandbox;
+        if s.image.trim().is_empty() {
+            return fail("sandbox.image", "must not be empty".into());
+        }
+        if !(s.cpus.is_finite() && s.cpus > 0.0) {
+            return fail(
+                "sandbox.cpus",
+                format!("must be greater than 0, found {}", s.cpus),
+            );
+        }
+        if s.memory_bytes < MIN_MEMORY_BYTES {
+            return fail(
+                "sandbox.memory_bytes",
+                format!(
+                    "must be at least {MIN_MEMORY_BYTES} (16 MiB), found {}",
+                    s.memory_bytes
+                ),
+            );
+        }
+        if s.pids < 16 {
+            return fail("sandbox.pids", format!("must be at least 16, found {}", s.pids));
+        }
+        if s.subnet_pool.prefix_len() > 24 {
+            return fail(
+                "sandbox.subnet_pool",
+                format!(
+                    "{} is smaller than one /24; use a prefix of 24 or less",
+                    s.subnet_pool
+                ),
+            );
+        }
+        if s.subnet_pool.trunc() != s.subnet_pool {
+            return fail(
+                "sandbox.subnet_pool",
+                format!(
+                    "{} has host bits set; did you mean {}?",
+                    s.subnet_pool,
+                    s.subnet_pool.trunc()
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl EgressConfig {
+    /// The upstream DNS server: `dns_upstream` when set, otherwise the first usable nameserver of
+    /// `/etc/resolv.conf` (see [`parse_resolv_conf`]).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when resolv.conf cannot be read; [`Error::Config`] for `egress.dns_upstream` when it
+    /// is invalid, or empty and resolv.conf names no usable nameserver.
+    pub fn dns_upstream(&self) -> Result<SocketAddr> {
+        let fail = |problem: String| Error::Config {
+            key: "egress.dns_upstream".into(),
+            problem,
+        };
+        if !self.dns_upstream.is_empty() {
+            return parse_dns_upstream(&self.dns_upstream)
+                .ok_or_else(|| fail(format!("{:?} is not an IP address or IP:PORT", self.dns_upstream)));
+        }
+        let text = std::fs::read_to_string(RESOLV_CONF).map_err(|e| Error::io(RESOLV_CONF, e))?;
+        parse_resolv_conf(&text).ok_or_else(|| {
+            fail(format!(
+                "is empty and {RESOLV_CONF} names no usable nameserver; set egress.dns_upstream"
+            ))
+        })
+    }
+
+    /// `sniff_timeout_secs` as a duration.
+    #[must_use]
+    pub fn sniff_timeout(&self) -> Duration {
+        Duration::from_secs(self.sniff_timeout_secs)
+    }
+
+    /// `connect_timeout_secs` as a duration.
+    #[must_use]
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_secs(self.connect_timeout_secs)
+    }
+
+    /// `idle_timeout_secs` as a duration.
+    #[must_use]
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_secs(self.idle_timeout_secs)
+    }
+}
+
+/// The default data directory: `/var/lib/agenthold` for root, else `<xdg_data_home>/agenthold` when that is
+/// an absolute path (relative values are ignored, as the XDG specification says), else
+/// `<home>/.local/share/agenthold`; `None` when no directory can be derived.
+#[must_use]
+pub fn default_data_dir(
+    is_root: bool,
+    xdg_data_home: Option<&OsStr>,
+    home: Option<&OsStr>,
+) -> Option<PathBuf> {
+    if is_root {
+        return Some(PathBuf::from("/var/lib/agenthold"));
+    }
+    if let Some(xdg) = xdg_data_home.map(Path::new).filter(|p| p.is_absolute()) {
+        return Some(xdg.join("agenthold"));
+    }
+    home.filter(|h| !h.is_empty())
+        .map(|h| Path::new(h).join(".local/share/agenthold"))
+}
+
+/// The first usable nameserver of a resolv.conf text, on port 53. Comments (`#`, `;`) and other options
+/// are skipped; an IPv6 address with a numeric zone (`fe80::1%2`) keeps it as the scope id, one with an
+/// interface name (`fe80::1%eth0`) is skipped, as are entries that do not parse.
+#[must_use]
+pub fn parse_resolv_conf(text: &str) -> Option<SocketAddr> {
+    text.lines().find_map(|line| {
+        let line = line.split(['#', ';']).next().unwrap_or_default();
+        let mut words = line.split_whitespace();
+        if words.next() != Some("nameserver") {
+            return None;
+        }
+        let addr = words.next()?;
+        match addr.split_once('%') {
+            None => addr.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 53)),
+            Some((ip, zone)) => {
+                let ip: Ipv6Addr = ip.parse().ok()?;
+                let scope: u32 = zone.parse().ok()?;
+                Some(SocketAddr::V6(SocketAddrV6::new(ip, 53, 0, scope)))
+            }
+        }
+    })
+}
+
+/// `IP`, `IP:PORT` or `[IPv6]:PORT`, or `[IPv6]`; port 53 when omitted; port 0 is refused.
+fn parse_dns_upstream(text: &str) -> Option<SocketAddr> {
+    let text = text.trim();
+    let addr = text
+        .parse::<SocketAddr>()
+        .ok()
+        .or_else(|| text.parse::<IpAddr>().ok().map(|ip| SocketAddr::new(ip, 53)))
+        .or_else(|| {
+            let inner = text.strip_prefix('[')?.strip_suffix(']')?;
+            inner
+                .parse::<Ipv6Addr>()
+                .ok()
+                .map(|ip| SocketAddr::new(IpAddr::V6(ip), 53))
+        })?;
+    (addr.port() != 0).then_some(addr)
+}
+
+const MIN_MEMORY_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The `key` of errors about the document as a whole (bad YAML, not a mapping).
+const DOCUMENT: &str = "(document)";
+
+/// A leaf key: its dotted path and its default value.
+struct Leaf {
+    path: String,
+    default: Value,
+}
+
+fn defaults_tree() -> Result<Value> {
+    serde_json::to_value(Config::default()).map_err(|e| Error::Config {
+        key: DOCUMENT.into(),
+        problem: format!("default configuration: {e}"),
+    })
+}
+
+/// Environment variable name -> leaf, from the default configuration.
+fn leaf_keys() -> Result<BTreeMap<String, Leaf>> {
+    fn walk(value: &Value, path: &str, out: &mut BTreeMap<String, Leaf>) {
+        if let Value::Object(map) = value {
+            for (key, child) in map {
+                let child_path = if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                walk(child, &child_path, out);
+            }
+        } else {
+            let var = format!("{ENV_PREFIX}{}", path.to_ascii_uppercase().replace('.', "_"));
+            out.insert(
+                var,
+                Leaf {
+                    path: path.to_owned(),
+                    default: value.clone(),
+                },
+            );
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(&defaults_tree()?, "", &mut out);
+    Ok(out)
+}
+
+/// Merge the user's mapping into the defaults, refusing keys the defaults do not have.
+fn merge(tree: &mut Value, user: Map<String, Value>, path: &str) -> Result<()> {
+    let Value::Object(defaults) = tree else {
+        return Ok(());
+    };
+    let known = defaults.keys().cloned().collect::<Vec<_>>().join(", ");
+    for (key, value) in user {
+        let key_path = if path.is_empty() {
+            key.clone()
+        } else {
+            format!("{path}.{key}")
+        };
+        let Some(slot) = defaults.get_mut(&key) else {
+            let place = if path.is_empty() {
+                "at the top level".to_owned()
+            } else {
+                format!("in {path}")
+            };
+            return Err(Error::Config {
+                key: key_path,
+                problem: format!("unknown key; known keys {place}: {known}"),
+            });
+        };
+        match (slot.is_object(), value) {
+            (true, Value::Null) => {}
+            (true, Value::Object(inner)) => merge(slot, inner, &key_path)?,
+            (true, other) => {
+                let keys = slot
+                    .as_object()
+                    .map(|m| m.keys().cloned().collect::<Vec<_>>().join(", "));
+                return Err(Error::Config {
+                    key: key_path,
+                    problem: format!(
+                        "expected a section with keys {}, found {}",
+                        keys.unwrap_or_default(),
+                        kind_of(&other)
+                    ),
+                });
+            }
+            (false, Value::Null) => {
+                return Err(Error::Config {
+                    key: key_path,
+                    problem: format!("has no value; remove the key to use the default ({slot})"),
+                });
+            }
+            (false, value) => *slot = value,
+        }
+    }
+    Ok(())
+}
+
+/// An environment value as a YAML scalar; `None` for an empty value, a mapping or a sequence.
+fn parse_scalar(raw: &str) -> Option<Value> {
+    match serde_saphyr::from_str::<Value>(raw) {
+        Ok(v @ (Value::Bool(_) | Value::Number(_) | Value::String(_))) => Some(v),
+        Ok(_) => None,
+        // Not YAML (`[1`): keep the text, so the type error names the expected type.
+        Err(_) => Some(Value::String(raw.to_owned())),
+    }
+}
+
+fn set_path(tree: &mut Value, path: &str, value: Value) {
+    let mut node = tree;
+    for part in path.split('.') {
+        let Value::Object(map) = node else { return };
+        node = map.entry(part.to_owned()).or_insert(Value::Null);
+    }
+    *node = value;
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a sequence",
+        Value::Object(_) => "a mapping",
+    }
+}

@@ -40,3 +40,4 @@ pub use sandbox::{Sandbox, SandboxSpec};
 pub use secret::{SecretInjector, SecretRule, SecretValue};
 pub use store::Store;
 pub use template::Template;
+pub use vault::{MasterKey, Vault};

@@ -42,6 +42,16 @@ pub enum BatchOp {
     },
 }
 
+impl BatchOp {
+    /// The table this operation touches.
+    #[must_use]
+    pub fn table(&self) -> &str {
+        match self {
+            Self::Put { table, .. } | Self::Delete { table, .. } => table,
+        }
+    }
+}
+
 /// Durable key-value tables with atomic batches. See the [module docs](self) for the contract.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync {
@@ -58,17 +68,51 @@ pub trait Store: Send + Sync {
 }
 
 /// Check a table name against the rules in the [module docs](self).
-#[allow(dead_code)] // used by the backends
 pub(crate) fn check_table(table: &str) -> Result<()> {
     let problem = if table.is_empty() || table.len() > 64 {
         Some("must be 1 to 64 characters")
-    } else if !table.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-') {
+    } else if !table
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    {
         Some("may contain only a-z, 0-9, '_' and '-'")
     } else {
         None
     };
     match problem {
-        Some(problem) => Err(Error::InvalidId { kind: "table name", value: table.to_owned(), problem }),
+        Some(problem) => Err(Error::InvalidId {
+            kind: "table name",
+            value: table.to_owned(),
+            problem,
+        }),
         None => Ok(()),
     }
+}
+
+/// Create `dir` and its missing parents; on Unix the directories created here are mode 0700 (the store
+/// holds sealed secrets and grants: private to the user running agenthold).
+fn create_private_dir(dir: &std::path::Path) -> Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir).map_err(|e| Error::io(dir, e))
+}
+
+/// Flush the entries of directory `dir` (files or directories created in it) to disk, so that a newly
+/// created database survives a power loss along with its contents. A no-op where directories cannot be
+/// synced (outside Unix).
+fn sync_dir(dir: &std::path::Path) -> Result<()> {
+    let dir = if dir.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        dir
+    };
+    #[cfg(unix)]
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
 }
