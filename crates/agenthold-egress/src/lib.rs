@@ -1,9 +1,32 @@
 //! The egress gateway (E3–E9, E13–E16), usable without Docker.
 //!
-//! It will own: the address guard (which upstream addresses may ever be dialled), the DNS resolver that
-//! answers sandboxes (NXDOMAIN for names the policy refuses, rebinding defence), the transparent proxy
-//! (SO_ORIGINAL_DST, decisions by SNI, `Host` or resolved name) and the explicit proxy (CONNECT and
-//! absolute-form HTTP), TLS interception with the installation's CA for hosts with a secret rule, header
-//! injection on HTTP/1.1 and HTTP/2 streams, the request log, the nftables rules of the gateway namespace and
-//! the helper that opens sockets inside another network namespace. Entry point: `Gateway::builder()`.
+//! - [`gateway`]: the entry point, [`Gateway::builder`]: per agent, serve the transparent proxy, the
+//!   explicit proxy and DNS on sockets the caller bound inside the gateway's network namespace.
+//! - [`guard`]: the one function that decides whether an upstream address may ever be dialled.
+//! - [`dns`]: the resolver sandboxes talk to, and the gateway's own upstream DNS client.
+//! - [`sniff`]: parsers of the first bytes a sandbox sends (TLS ClientHello, HTTP request heads, CONNECT).
+//! - [`log`]: the per-agent request log.
+//! - [`netns`]: opening sockets and running commands inside another network namespace.
+//! - [`nft`]: the nftables ruleset of the gateway's network namespace.
+//!
+//! Internally, `transparent` and `explicit` accept connections, `http` forwards requests through a pooled
+//! upstream client, `dial` resolves and guards upstream addresses, and `io` splices bytes.
 #![forbid(unsafe_code)]
+
+mod dial;
+pub mod dns;
+mod error;
+mod explicit;
+pub mod gateway;
+pub mod guard;
+mod http;
+mod io;
+pub mod log;
+pub mod netns;
+pub mod nft;
+pub mod sniff;
+mod transparent;
+
+pub use dial::{DialError, Resolve};
+pub use error::{Error, Result};
+pub use gateway::{AgentSockets, Dangerous, Gateway, GatewayBuilder, Timeouts};

@@ -1,0 +1,147 @@
+//! The gateway's DNS (E9, with E6 and E8): the resolver every sandbox's queries reach, and the gateway's own
+//! DNS client.
+//!
+//! - [`Server`] answers one agent's queries on sockets the caller bound inside the gateway's network
+//!   namespace (the agent is whoever's socket a query arrived on, never something the packet says). Names the
+//!   agent's policy refuses get NXDOMAIN without any upstream query (E9); allowed names are forwarded, and
+//!   every A record whose address the [`guard`](crate::guard) refuses is stripped (DNS rebinding, E6).
+//! - [`Upstream`] is the DNS client towards `egress.dns_upstream`: [`Upstream::forward`] for the server and
+//!   [`Upstream::lookup`] (cached) for the proxy's own dialling.
+//! - [`Records`] remembers, per agent, which name each answered address came from, so the transparent proxy
+//!   can decide a plain TCP connection (SSH, databases) by the name the agent resolved.
+//! - [`SyntheticNames`] backs the test-only `--dangerous-connect-to` override: a name answers with a
+//!   synthetic address from [`SYNTHETIC_RANGE`] that the proxy maps back to the name.
+//!
+//! **IPv4 only towards sandboxes.** The gateway disables IPv6 in sandbox namespaces, so [`Server`] answers
+//! AAAA questions with NOERROR and no AAAA records (and removes AAAA records from every section): a client
+//! then uses the A records instead of trying an IPv6 address that cannot route. [`Upstream::lookup`] still
+//! returns both families, because the proxy dials from the host's namespace.
+//!
+//! Wire format is hickory-proto's; it is re-exported as [`proto`] because its types appear in this API.
+
+mod answer;
+mod cache;
+mod records;
+mod server;
+mod synthetic;
+mod upstream;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use hickory_proto as proto;
+
+pub use answer::Transport;
+pub use records::{RECORDS_MIN_TTL, Records};
+pub use server::{Server, ServerContext, ServerHandle, ServerLimits};
+pub use synthetic::{SYNTHETIC_RANGE, SyntheticNames};
+pub use upstream::{Lookup, Upstream};
+
+use proto::op::Message;
+
+/// Sends one question to an upstream DNS server and returns its answer: what [`Server`] needs from
+/// [`Upstream`], as a trait so that tests and the fuzz target can answer without a network.
+pub trait Forward: Send + Sync + 'static {
+    /// Ask the upstream `query`'s one question. The returned message is the upstream's answer to that question
+    /// (its id is the upstream exchange's, not `query`'s); its response code may be an error code.
+    ///
+    /// # Errors
+    /// [`LookupError`] when no acceptable answer arrived.
+    fn forward(&self, query: &Message) -> impl Future<Output = Result<Message, LookupError>> + Send;
+}
+
+/// Why a DNS lookup or forwarded query failed. Cloneable, because one result may answer several coalesced
+/// callers and stay in the negative cache.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LookupError {
+    /// No acceptable answer arrived within the timeout, on any attempt.
+    #[error("DNS upstream {upstream}: no answer for {name} within {timeout:?} ({attempts} attempts)")]
+    Timeout {
+        /// The upstream server.
+        upstream: SocketAddr,
+        /// The name asked for.
+        name: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The timeout of each attempt.
+        timeout: Duration,
+    },
+    /// The upstream answered with an error code other than NXDOMAIN (SERVFAIL, REFUSED, …).
+    #[error("DNS upstream {upstream}: {name}: error response code {rcode}")]
+    ServFail {
+        /// The upstream server.
+        upstream: SocketAddr,
+        /// The name asked for.
+        name: String,
+        /// The DNS response code.
+        rcode: u16,
+    },
+    /// The name does not exist.
+    #[error("DNS: {name} does not exist (NXDOMAIN)")]
+    NxDomain {
+        /// The name asked for.
+        name: String,
+    },
+    /// The name exists but has no A or AAAA record.
+    #[error("DNS: {name} has no address records")]
+    NoAddress {
+        /// The name asked for.
+        name: String,
+    },
+    /// The upstream's answer (or the query handed in) could not be used.
+    #[error("DNS upstream {upstream}: {name}: malformed message: {problem}")]
+    Malformed {
+        /// The upstream server.
+        upstream: SocketAddr,
+        /// The name asked for (empty when the query had none).
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A socket operation failed.
+    #[error("DNS upstream {upstream}: {name}: {context}: {message}")]
+    Io {
+        /// The upstream server.
+        upstream: SocketAddr,
+        /// The name asked for.
+        name: String,
+        /// What was being done.
+        context: &'static str,
+        /// The kind of I/O error.
+        kind: std::io::ErrorKind,
+        /// The error's message (an `io::Error` is not `Clone`).
+        message: String,
+    },
+    /// The name handed to [`Upstream::lookup`] is not a valid host name.
+    #[error("DNS: invalid name {name:?}: {problem}")]
+    InvalidName {
+        /// The name as given.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+impl LookupError {
+    /// Whether the upstream said the name has no address (NXDOMAIN or no records), as opposed to a failure.
+    #[must_use]
+    pub fn is_negative(&self) -> bool {
+        matches!(self, Self::NxDomain { .. } | Self::NoAddress { .. })
+    }
+
+    /// A short snake_case label for logs (`upstream_timeout`, `nxdomain`, …).
+    #[must_use]
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Timeout { .. } => "upstream_timeout",
+            Self::ServFail { .. } => "upstream_servfail",
+            Self::NxDomain { .. } => "nxdomain",
+            Self::NoAddress { .. } => "no_address",
+            Self::Malformed { .. } => "upstream_malformed",
+            Self::Io { .. } => "upstream_io",
+            Self::InvalidName { .. } => "invalid_name",
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The explicit proxy (E7): what `HTTPS_PROXY`/`HTTP_PROXY` in every sandbox point at. CONNECT tunnels
+//! and absolute-form HTTP requests get the same decisions as the transparent path; denials answer 403 with
+//! the reason in the body, upstream failures 502.
+
+use std::sync::Arc;
+
+use agenthold_core::AgentId;
+use agenthold_core::policy::{DenyReason, Verdict};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::gateway::{Shared, Target};
+use crate::http::{ConnCtx, Mode, ProxyBody, empty, refuse};
+use crate::io::{SpliceEnd, splice};
+use crate::log::{LogEntry, LogKind, PendingEntry};
+use crate::sniff::split_host_port;
+use crate::transparent::accept_loop;
+
+/// Serve one agent's explicit-proxy listener.
+pub(crate) async fn serve(gw: Arc<Shared>, agent: AgentId, listener: TcpListener, cancel: CancellationToken) {
+    let token = cancel.clone();
+    accept_loop(listener, cancel, move |stream| {
+        let ctx = Arc::new(ConnCtx {
+            gw: Arc::clone(&gw),
+            agent: agent.clone(),
+            mode: Mode::Explicit,
+            cancel: token.clone(),
+        });
+        let span = tracing::debug_span!("explicit", agent = %agent);
+        crate::http::serve(ctx, stream).instrument(span)
+    })
+    .await;
+}
+
+/// Answer a CONNECT: decide the authority, dial it, answer 200 and splice the upgraded connection.
+pub(crate) async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<ProxyBody> {
+    let gw = &ctx.gw;
+    let mut entry = LogEntry::new(&ctx.agent, LogKind::Connect, Verdict::Allowed);
+    entry.method = Some("CONNECT".into());
+    let authority = req.uri().authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
+    let (host, port) = match split_host_port(&authority, 443) {
+        Ok(hp) => hp,
+        Err(problem) => {
+            entry.deny(DenyReason::Malformed);
+            return refuse(gw, entry, StatusCode::BAD_REQUEST, problem);
+        }
+    };
+    let target = match Target::parse(&host) {
+        Ok(t) => t,
+        Err(reason) => {
+            entry = entry.to(host, port);
+            entry.deny(reason);
+            return refuse(gw, entry, StatusCode::FORBIDDEN, reason.as_str());
+        }
+    };
+    entry = entry.to(target.to_string(), port);
+    let verdict = gw.decide(&ctx.agent, &target, port);
+    match verdict {
+        Verdict::Denied(reason) => {
+            entry.deny(reason);
+            return refuse(gw, entry, StatusCode::FORBIDDEN, reason.as_str());
+        }
+        Verdict::Reported(reason) => entry.reason = Some(format!("report_only:{reason}")),
+        Verdict::Allowed => {}
+    }
+    let dialed = match &target {
+        Target::Name(n) => gw.dialer.dial_name(n, port, None).await.map(|(s, _)| s),
+        Target::Addr(a) => gw.dialer.dial_addr((*a, port).into()).await,
+    };
+    let upstream = match dialed {
+        Ok(s) => s,
+        Err(e) if e.is_blocked() => {
+            entry.deny(DenyReason::BlockedAddress);
+            return refuse(gw, entry, StatusCode::FORBIDDEN, "blocked_address");
+        }
+        Err(e) => {
+            let why = format!("upstream: {e}");
+            entry.fail(why.clone());
+            return refuse(gw, entry, StatusCode::BAD_GATEWAY, &why);
+        }
+    };
+    entry.status = Some(200);
+    let mut pending = PendingEntry::new(&gw.log, entry);
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let idle = gw.timeouts.idle;
+    let cancel = ctx.cancel.clone();
+    tokio::spawn(async move {
+        let tunnel = async {
+            match on_upgrade.await {
+                Ok(upgraded) => {
+                    let end = splice(TokioIo::new(upgraded), upstream, idle, &pending.counters).await;
+                    if let SpliceEnd::Error(e) = end {
+                        tracing::debug!(error = %e, "tunnel ended with an error");
+                    }
+                }
+                Err(e) => pending.entry.fail(format!("upgrade failed: {e}")),
+            }
+        };
+        tokio::select! {
+            () = tunnel => {}
+            () = cancel.cancelled() => {}
+        }
+    });
+    Response::new(empty())
+}

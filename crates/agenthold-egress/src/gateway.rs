@@ -1,0 +1,409 @@
+//! The gateway: one process-wide composition of policy, resolver, dialer, upstream HTTP client and request
+//! log, and per agent a set of already-bound sockets (made inside the gateway's network namespace by the
+//! caller) on which it serves the transparent proxy, the explicit proxy and DNS.
+//!
+//! Agent identity comes from which sockets a connection or query arrives on: the caller binds each agent's
+//! sockets to that agent's gateway address, and the nftables rules only let an agent's interface reach its
+//! own address. Nothing the sandbox sends is used to identify it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use agenthold_core::config::EgressConfig;
+use agenthold_core::policy::{DenyReason, Destination, EgressPolicy, Verdict, normalize_name};
+use agenthold_core::secret::SecretInjector;
+use agenthold_core::AgentId;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::dial::{Dialer, Resolve};
+use crate::dns;
+use crate::error::{Error, Result};
+use crate::http::HttpClient;
+use crate::log::RequestLog;
+
+/// Timeouts of every network wait in the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Waiting for a ClientHello or a request head (default 10 s).
+    pub sniff: Duration,
+    /// Connecting to an upstream (default 10 s).
+    pub connect: Duration,
+    /// A connection idle in both directions is closed (default 600 s).
+    pub idle: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self { sniff: Duration::from_secs(10), connect: Duration::from_secs(10), idle: Duration::from_secs(600) }
+    }
+}
+
+impl Timeouts {
+    /// The timeouts configured in `egress`.
+    #[must_use]
+    pub fn from_config(egress: &EgressConfig) -> Self {
+        Self {
+            sniff: Duration::from_secs(egress.sniff_timeout_secs),
+            connect: Duration::from_secs(egress.connect_timeout_secs),
+            idle: Duration::from_secs(egress.idle_timeout_secs),
+        }
+    }
+}
+
+/// Where a connection or request wants to go: a (normalised) name, or an address when there is no name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Target {
+    Name(String),
+    Addr(IpAddr),
+}
+
+impl Target {
+    /// A target from a host as written by the sandbox (`Host`, CONNECT authority, SNI): an IP literal
+    /// (IPv6 possibly in brackets) or a name, normalised.
+    pub(crate) fn parse(host: &str) -> std::result::Result<Self, DenyReason> {
+        let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        if let Ok(ip) = bare.parse::<IpAddr>() {
+            return Ok(Self::Addr(ip));
+        }
+        normalize_name(host).map(Self::Name).map_err(|_| DenyReason::InvalidName)
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Name(n) => f.write_str(n),
+            Self::Addr(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+/// State shared by every agent's tasks.
+pub(crate) struct Shared {
+    pub(crate) policy: Arc<dyn EgressPolicy>,
+    #[allow(dead_code)] // used by TLS interception
+    pub(crate) injector: Option<Arc<dyn SecretInjector>>,
+    pub(crate) log: Arc<RequestLog>,
+    pub(crate) records: Arc<dns::Records>,
+    pub(crate) dialer: Dialer,
+    pub(crate) client: HttpClient,
+    pub(crate) timeouts: Timeouts,
+    pub(crate) disabled: bool,
+}
+
+impl Shared {
+    /// Decide `target:port` for `agent`.
+    pub(crate) fn decide(&self, agent: &AgentId, target: &Target, port: u16) -> Verdict {
+        if self.disabled {
+            return Verdict::Denied(DenyReason::EgressDisabled);
+        }
+        let dest = match target {
+            Target::Name(n) => Destination::name(n.clone(), port),
+            Target::Addr(a) => Destination::addr(*a, port),
+        };
+        self.policy.decide(agent, &dest)
+    }
+}
+
+/// Options that weaken the gateway for tests on a machine without internet. Nothing here is needed in
+/// production; each option says what it gives up.
+#[derive(Debug, Clone, Default)]
+pub struct Dangerous {
+    /// `(name, port) → address`: dial this address for this name and port, bypassing the address guard
+    /// (only that name and port). The gateway's DNS answers the name with a synthetic address that routes
+    /// through the gateway, so the sandbox still goes through the proxy.
+    pub connect_to: Vec<(String, u16, SocketAddr)>,
+    /// Extra PEM trust anchors for upstream TLS (used by TLS interception).
+    pub upstream_ca_pem: Option<Vec<u8>>,
+}
+
+/// Sockets an agent is served on, bound by the caller inside the gateway's network namespace. Any may be
+/// absent (a test may serve only the explicit proxy).
+#[derive(Debug, Default)]
+pub struct AgentSockets {
+    /// Transparent proxy (`egress.proxy_port`): receives the sandbox's redirected TCP.
+    pub transparent: Option<std::net::TcpListener>,
+    /// Explicit proxy (`egress.explicit_port`): CONNECT and absolute-form HTTP.
+    pub explicit: Option<std::net::TcpListener>,
+    /// DNS over UDP and TCP (`egress.dns_port`).
+    pub dns: Option<(std::net::UdpSocket, std::net::TcpListener)>,
+}
+
+/// Builds a [`Gateway`].
+pub struct GatewayBuilder {
+    policy: Option<Arc<dyn EgressPolicy>>,
+    injector: Option<Arc<dyn SecretInjector>>,
+    dns_upstream: Option<SocketAddr>,
+    resolver: Option<Arc<dyn Resolve>>,
+    timeouts: Timeouts,
+    log_keep: usize,
+    disabled: bool,
+    dangerous: Dangerous,
+}
+
+impl fmt::Debug for GatewayBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GatewayBuilder")
+            .field("dns_upstream", &self.dns_upstream)
+            .field("timeouts", &self.timeouts)
+            .field("log_keep", &self.log_keep)
+            .field("disabled", &self.disabled)
+            .field("dangerous", &self.dangerous)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GatewayBuilder {
+    /// The policy deciding every destination and DNS name (required).
+    #[must_use]
+    pub fn policy(mut self, policy: Arc<dyn EgressPolicy>) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
+    /// The secret injector (TLS is intercepted only for hosts it names).
+    #[must_use]
+    pub fn injector(mut self, injector: Arc<dyn SecretInjector>) -> Self {
+        self.injector = Some(injector);
+        self
+    }
+
+    /// The DNS server the gateway forwards allowed queries to and resolves names with (required unless a
+    /// custom resolver is given for dialling and no agent is served DNS).
+    #[must_use]
+    pub fn dns_upstream(mut self, addr: SocketAddr) -> Self {
+        self.dns_upstream = Some(addr);
+        self
+    }
+
+    /// Resolve names for dialling with `resolver` instead of the DNS upstream.
+    #[must_use]
+    pub fn resolver(mut self, resolver: Arc<dyn Resolve>) -> Self {
+        self.resolver = Some(resolver);
+        self
+    }
+
+    /// Timeouts (default [`Timeouts::default`]).
+    #[must_use]
+    pub fn timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.timeouts = timeouts;
+        self
+    }
+
+    /// Request log entries kept per agent (default 5000).
+    #[must_use]
+    pub fn log_keep(mut self, keep: usize) -> Self {
+        self.log_keep = keep;
+        self
+    }
+
+    /// Refuse everything (`egress.disabled`).
+    #[must_use]
+    pub fn disabled(mut self, disabled: bool) -> Self {
+        self.disabled = disabled;
+        self
+    }
+
+    /// Apply the `egress` section of the configuration: timeouts, log size, disabled. The DNS upstream is
+    /// resolved from it as well when not set explicitly.
+    ///
+    /// # Errors
+    /// When `dns_upstream` is empty and resolv.conf has no usable nameserver.
+    pub fn config(mut self, egress: &EgressConfig) -> Result<Self> {
+        self.timeouts = Timeouts::from_config(egress);
+        self.log_keep = egress.log_keep;
+        self.disabled = egress.disabled;
+        if self.dns_upstream.is_none() {
+            self.dns_upstream = Some(egress.dns_upstream()?);
+        }
+        Ok(self)
+    }
+
+    /// Weaken the gateway for tests (see [`Dangerous`]).
+    #[must_use]
+    pub fn dangerous(mut self, dangerous: Dangerous) -> Self {
+        self.dangerous = dangerous;
+        self
+    }
+
+    /// Build the gateway. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when no policy or no DNS upstream was given.
+    pub fn build(self) -> Result<Gateway> {
+        let policy = self.policy.ok_or_else(|| Error::Config { problem: "a policy is required".into() })?;
+        let upstream_addr = self.dns_upstream.ok_or_else(|| Error::Config {
+            problem: "a DNS upstream is required (egress.dns_upstream or resolv.conf)".into(),
+        })?;
+        let upstream = Arc::new(dns::Upstream::new(upstream_addr));
+        let resolver: Arc<dyn Resolve> = match self.resolver {
+            Some(r) => r,
+            None => Arc::clone(&upstream) as Arc<dyn Resolve>,
+        };
+        let connect_to: HashMap<(String, u16), SocketAddr> = self
+            .dangerous
+            .connect_to
+            .iter()
+            .map(|(n, p, a)| Ok(((normalize_name(n)?, *p), *a)))
+            .collect::<std::result::Result<_, agenthold_core::Error>>()?;
+        let synthetic = dns::SyntheticNames::new();
+        for (name, _) in connect_to.keys() {
+            synthetic.insert(name)?;
+        }
+        let synthetic = Arc::new(synthetic);
+        let dialer = Dialer::new(resolver, connect_to, self.timeouts.connect);
+        let shared = Arc::new(Shared {
+            policy,
+            injector: self.injector,
+            log: Arc::new(RequestLog::new(self.log_keep)),
+            records: Arc::new(dns::Records::new()),
+            client: crate::http::client(dialer.clone()),
+            dialer,
+            timeouts: self.timeouts,
+            disabled: self.disabled,
+        });
+        Ok(Gateway {
+            shared,
+            upstream,
+            synthetic,
+            agents: Mutex::new(HashMap::new()),
+            root: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        })
+    }
+}
+
+/// The egress gateway. Serve an agent with [`Gateway::attach`]; read its log with [`Gateway::log`].
+pub struct Gateway {
+    shared: Arc<Shared>,
+    upstream: Arc<dns::Upstream>,
+    synthetic: Arc<dns::SyntheticNames>,
+    agents: Mutex<HashMap<AgentId, CancellationToken>>,
+    root: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gateway").field("timeouts", &self.shared.timeouts).finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// Start building a gateway.
+    #[must_use]
+    pub fn builder() -> GatewayBuilder {
+        GatewayBuilder {
+            policy: None,
+            injector: None,
+            dns_upstream: None,
+            resolver: None,
+            timeouts: Timeouts::default(),
+            log_keep: 5000,
+            disabled: false,
+            dangerous: Dangerous::default(),
+        }
+    }
+
+    /// The request log.
+    #[must_use]
+    pub fn log(&self) -> &Arc<RequestLog> {
+        &self.shared.log
+    }
+
+    /// Serve `agent` on `sockets` (replacing a previous attachment of the same agent). Must be called inside
+    /// a tokio runtime.
+    ///
+    /// # Errors
+    /// When a socket cannot be registered with the runtime.
+    pub fn attach(&self, agent: &AgentId, sockets: AgentSockets) -> Result<()> {
+        let token = self.root.child_token();
+        if let Some(old) = self.lock_agents().insert(agent.clone(), token.clone()) {
+            old.cancel();
+        }
+        let tcp = |l: std::net::TcpListener| -> Result<tokio::net::TcpListener> {
+            l.set_nonblocking(true).map_err(|e| Error::io("listener", e))?;
+            tokio::net::TcpListener::from_std(l).map_err(|e| Error::io("listener", e))
+        };
+        if let Some(l) = sockets.transparent {
+            let l = tcp(l)?;
+            self.tasks.spawn(crate::transparent::serve(Arc::clone(&self.shared), agent.clone(), l, token.clone()));
+        }
+        if let Some(l) = sockets.explicit {
+            let l = tcp(l)?;
+            self.tasks.spawn(crate::explicit::serve(Arc::clone(&self.shared), agent.clone(), l, token.clone()));
+        }
+        if let Some((udp, tcp_listener)) = sockets.dns {
+            let server = dns::Server::new(dns::ServerContext {
+                agent: agent.clone(),
+                policy: self.dns_policy(),
+                upstream: Arc::clone(&self.upstream),
+                records: Arc::clone(&self.shared.records),
+                log: Arc::clone(&self.shared.log),
+                synthetic: Arc::clone(&self.synthetic),
+            });
+            let handle = server.spawn_std(udp, tcp_listener)?;
+
+            self.tasks.spawn(async move {
+                token.cancelled().await;
+                handle.shutdown().await;
+            });
+        }
+        Ok(())
+    }
+
+    /// The policy the resolver asks: the gateway's, or one that refuses everything when egress is disabled.
+    fn dns_policy(&self) -> Arc<dyn EgressPolicy> {
+        if self.shared.disabled { Arc::new(DenyAll) } else { Arc::clone(&self.shared.policy) }
+    }
+
+    /// Stop serving `agent`: its listeners close and its open connections are dropped.
+    pub fn detach(&self, agent: &AgentId) {
+        if let Some(token) = self.lock_agents().remove(agent) {
+            token.cancel();
+        }
+        self.shared.records.forget(agent);
+    }
+
+    /// Stop everything and wait (up to `grace`) for tasks to end.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.root.cancel();
+        self.tasks.close();
+        let _ = tokio::time::timeout(grace, self.tasks.wait()).await;
+    }
+
+    fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, CancellationToken>> {
+        self.agents.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The resolver's policy when egress is disabled.
+struct DenyAll;
+
+impl EgressPolicy for DenyAll {
+    fn decide(&self, _: &AgentId, _: &Destination) -> Verdict {
+        Verdict::Denied(DenyReason::EgressDisabled)
+    }
+    fn may_resolve(&self, _: &AgentId, _: &str) -> Verdict {
+        Verdict::Denied(DenyReason::EgressDisabled)
+    }
+}
+
+impl Resolve for dns::Upstream {
+    fn resolve<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> futures_util::future::BoxFuture<'a, std::result::Result<Vec<IpAddr>, String>> {
+        Box::pin(async move { self.lookup(name).await.map(|l| l.addrs).map_err(|e| e.to_string()) })
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.root.cancel();
+    }
+}

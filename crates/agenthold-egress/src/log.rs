@@ -1,0 +1,271 @@
+//! The request log (E16): per agent, the newest `log_keep` entries, readable as a snapshot and as a live
+//! stream, serialisable as JSON lines.
+//!
+//! Every DNS query, connection and HTTP request the gateway decides on is one [`LogEntry`]. Spliced
+//! connections are recorded when they close, with the bytes that crossed in each direction.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use agenthold_core::AgentId;
+use agenthold_core::policy::{DenyReason, Verdict};
+use tokio::sync::broadcast;
+
+/// What was logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogKind {
+    /// A DNS query to the gateway's resolver.
+    Dns,
+    /// A TCP connection decided by the name the agent resolved (or by address).
+    Tcp,
+    /// A TLS connection decided by its SNI and spliced.
+    Tls,
+    /// One HTTP request (plain, absolute-form through the explicit proxy, or on an intercepted stream).
+    Http,
+    /// A CONNECT tunnel through the explicit proxy.
+    Connect,
+}
+
+/// Whether traffic was let through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// Let through (also in report-only mode, where `reason` says what an allowlist would have refused).
+    Allowed,
+    /// Refused.
+    Denied,
+}
+
+/// One line of the request log. Field names are a contract (`agenthold run --log`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogEntry {
+    /// When the decision was made, RFC 3339 in UTC.
+    pub time: String,
+    /// The agent.
+    pub agent: AgentId,
+    /// What was logged.
+    pub kind: LogKind,
+    /// Host name (or address when there was no name).
+    pub host: Option<String>,
+    /// Destination port.
+    pub port: Option<u16>,
+    /// HTTP method (HTTP kinds), or the DNS query type.
+    pub method: Option<String>,
+    /// HTTP path (without the query string, which may carry placeholders).
+    pub path: Option<String>,
+    /// HTTP status answered, or the DNS response code.
+    pub status: Option<u16>,
+    /// Allowed or denied.
+    pub decision: Decision,
+    /// Why it was denied (or, in report-only mode, would have been), or what failed upstream.
+    pub reason: Option<String>,
+    /// Whether a secret was injected into this request.
+    pub secret_injected: bool,
+    /// Name of the injected secret (never its value).
+    pub secret: Option<String>,
+    /// Bytes from the sandbox towards the upstream.
+    pub bytes_up: u64,
+    /// Bytes from the upstream towards the sandbox.
+    pub bytes_down: u64,
+}
+
+impl LogEntry {
+    /// A new entry stamped now, with the decision and reason taken from `verdict`.
+    #[must_use]
+    pub fn new(agent: &AgentId, kind: LogKind, verdict: Verdict) -> Self {
+        let (decision, reason) = match verdict {
+            Verdict::Allowed => (Decision::Allowed, None),
+            Verdict::Reported(r) => (Decision::Allowed, Some(format!("report_only:{r}"))),
+            Verdict::Denied(r) => (Decision::Denied, Some(r.to_string())),
+        };
+        Self {
+            time: now_rfc3339(),
+            agent: agent.clone(),
+            kind,
+            host: None,
+            port: None,
+            method: None,
+            path: None,
+            status: None,
+            decision,
+            reason,
+            secret_injected: false,
+            secret: None,
+            bytes_up: 0,
+            bytes_down: 0,
+        }
+    }
+
+    /// Set host and port.
+    #[must_use]
+    pub fn to(mut self, host: impl Into<String>, port: u16) -> Self {
+        self.host = Some(host.into());
+        self.port = Some(port);
+        self
+    }
+
+    /// Mark the entry denied for `reason`.
+    pub fn deny(&mut self, reason: DenyReason) {
+        self.decision = Decision::Denied;
+        self.reason = Some(reason.to_string());
+    }
+
+    /// Record an upstream failure: the traffic was allowed but could not be delivered.
+    pub fn fail(&mut self, reason: impl Into<String>) {
+        self.reason = Some(reason.into());
+    }
+
+    /// The entry as one line of JSON (no trailing newline).
+    #[must_use]
+    pub fn to_json_line(&self) -> String {
+        // Serialising a struct of strings and numbers cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// The current time in RFC 3339, UTC, millisecond precision.
+fn now_rfc3339() -> String {
+    let now = time::OffsetDateTime::now_utc();
+    let format = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    now.format(&format).unwrap_or_default()
+}
+
+/// Bytes carried by a connection or request, readable while it runs and after it ends however it ended.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) up: std::sync::atomic::AtomicU64,
+    pub(crate) down: std::sync::atomic::AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn get(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.up.load(Relaxed), self.down.load(Relaxed))
+    }
+}
+
+/// An entry that is recorded, with its byte counts, when the guard is dropped: a connection logged when it
+/// closes is logged however its task ends (finished, failed, cancelled by shutdown or detach).
+#[derive(Debug)]
+pub(crate) struct PendingEntry {
+    log: Arc<RequestLog>,
+    pub(crate) entry: LogEntry,
+    pub(crate) counters: Arc<Counters>,
+}
+
+impl PendingEntry {
+    pub(crate) fn new(log: &Arc<RequestLog>, entry: LogEntry) -> Self {
+        Self { log: Arc::clone(log), entry, counters: Arc::default() }
+    }
+}
+
+impl Drop for PendingEntry {
+    fn drop(&mut self) {
+        (self.entry.bytes_up, self.entry.bytes_down) = self.counters.get();
+        self.log.record(self.entry.clone());
+    }
+}
+
+/// Per-agent ring buffers of log entries plus a live stream of every new entry.
+#[derive(Debug)]
+pub struct RequestLog {
+    keep: usize,
+    agents: Mutex<HashMap<AgentId, VecDeque<Arc<LogEntry>>>>,
+    live: broadcast::Sender<Arc<LogEntry>>,
+}
+
+impl RequestLog {
+    /// A log keeping the newest `keep` entries per agent (at least one).
+    #[must_use]
+    pub fn new(keep: usize) -> Self {
+        let (live, _) = broadcast::channel(1024);
+        Self { keep: keep.max(1), agents: Mutex::new(HashMap::new()), live }
+    }
+
+    /// Append an entry (dropping the agent's oldest beyond `keep`) and publish it on the live stream.
+    pub fn record(&self, entry: LogEntry) {
+        tracing::debug!(
+            agent = %entry.agent, kind = ?entry.kind, host = entry.host.as_deref().unwrap_or(""),
+            port = entry.port.unwrap_or(0), decision = ?entry.decision,
+            reason = entry.reason.as_deref().unwrap_or(""), "egress"
+        );
+        let entry = Arc::new(entry);
+        {
+            let mut agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
+            let ring = agents.entry(entry.agent.clone()).or_default();
+            if ring.len() == self.keep {
+                ring.pop_front();
+            }
+            ring.push_back(Arc::clone(&entry));
+        }
+        // No subscribers is fine: the snapshot still has it.
+        let _ = self.live.send(entry);
+    }
+
+    /// The agent's entries, oldest first.
+    #[must_use]
+    pub fn snapshot(&self, agent: &AgentId) -> Vec<LogEntry> {
+        let agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
+        agents.get(agent).map(|r| r.iter().map(|e| LogEntry::clone(e)).collect()).unwrap_or_default()
+    }
+
+    /// A live stream of every entry recorded from now on (all agents). A receiver that falls more than 1024
+    /// entries behind skips ahead (`RecvError::Lagged`).
+    #[must_use]
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<LogEntry>> {
+        self.live.subscribe()
+    }
+
+    /// Drop an agent's entries.
+    pub fn forget(&self, agent: &AgentId) {
+        self.agents.lock().unwrap_or_else(PoisonError::into_inner).remove(agent);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_newest_entries_per_agent() {
+        let log = RequestLog::new(3);
+        let a = AgentId::new("a").unwrap();
+        let b = AgentId::new("b").unwrap();
+        for port in 1..=5 {
+            log.record(LogEntry::new(&a, LogKind::Tcp, Verdict::Allowed).to("x", port));
+        }
+        log.record(LogEntry::new(&b, LogKind::Dns, Verdict::Allowed));
+        let ports: Vec<_> = log.snapshot(&a).iter().map(|e| e.port.unwrap()).collect();
+        assert_eq!(ports, [3, 4, 5]);
+        assert_eq!(log.snapshot(&b).len(), 1);
+    }
+
+    #[test]
+    fn json_line_has_the_contract_fields() {
+        let a = AgentId::new("a").unwrap();
+        let e = LogEntry::new(&a, LogKind::Tls, Verdict::Denied(DenyReason::NotInAllowlist)).to("x.com", 443);
+        let v: serde_json::Value = serde_json::from_str(&e.to_json_line()).unwrap();
+        for k in [
+            "time", "agent", "kind", "host", "port", "method", "path", "status", "decision", "reason",
+            "secret_injected", "bytes_up", "bytes_down",
+        ] {
+            assert!(v.get(k).is_some(), "{k}");
+        }
+        assert_eq!(v["decision"], "denied");
+        assert_eq!(v["reason"], "not_in_allowlist");
+        assert_eq!(v["kind"], "tls");
+        assert!(v["time"].as_str().unwrap().ends_with('Z'));
+    }
+
+    #[tokio::test]
+    async fn live_stream_sees_new_entries() {
+        let log = RequestLog::new(10);
+        let mut rx = log.subscribe();
+        let a = AgentId::new("a").unwrap();
+        log.record(LogEntry::new(&a, LogKind::Http, Verdict::Allowed));
+        assert_eq!(rx.recv().await.unwrap().kind, LogKind::Http);
+    }
+}

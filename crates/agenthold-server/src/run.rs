@@ -1,0 +1,373 @@
+//! `agenthold run`: run one command in a fresh network namespace behind an embedded gateway.
+//!
+//! Layout: a sandbox namespace and a gateway namespace joined by a veth pair (`10.213.0.3` ↔ `10.213.0.2`);
+//! the sandbox's default route and DNS point at the gateway; the gateway namespace gets the nftables
+//! ruleset and the listeners; the gateway itself (policy, DNS forwarding, dialling) runs in this process,
+//! in the caller's namespace. The command runs in the jail ([`crate::jail`]). Namespaces (and with them the
+//! veth pair and every rule) are removed when the command ends, fails, or agenthold is interrupted; a later
+//! run removes what a killed one left behind.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agenthold_core::policy::{NetworkPolicy, PolicyEntry, PolicyMode, PolicyTable};
+use agenthold_core::{AgentId, Config};
+use agenthold_egress::gateway::{AgentSockets, Dangerous, Gateway};
+use agenthold_egress::netns::NetNs;
+use agenthold_egress::nft::{AgentAttachment, GatewayRules, Ports};
+use anyhow::{Context, Result, bail};
+use tokio::io::AsyncWriteExt;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// The gateway's address on the veth pair.
+const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 2);
+/// The sandbox's address on the veth pair.
+const SANDBOX_ADDR: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 3);
+/// Prefix of the namespaces `agenthold run` creates: `ahr-<pid>-<random>-{gw,sb}`.
+const NS_PREFIX: &str = "ahr-";
+
+/// Flags of `agenthold run`. Their names are a contract.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RunArgs {
+    /// Allow a destination (repeatable): `github.com`, `*.npmjs.org`, `github.com:22`, `host:*`,
+    /// `203.0.113.0/24:443`, `[2001:db8::/32]:443`. Without any, the policy is open.
+    #[arg(long = "allow", value_name = "ENTRY")]
+    allow: Vec<String>,
+    /// Let everything through, but log what the allowlist would deny.
+    #[arg(long)]
+    report_only: bool,
+    /// Write the request log to FILE as JSON lines.
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
+    /// Data directory (CA, master key); default from the configuration.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Upstream DNS server; default from the configuration (the host's resolv.conf).
+    #[arg(long, value_name = "IP:PORT")]
+    dns_upstream: Option<String>,
+    /// TESTS ONLY: dial IP:PORT for NAME:PORT, even though the address guard would refuse it.
+    #[arg(long = "dangerous-connect-to", value_name = "NAME:PORT=IP:PORT")]
+    dangerous_connect_to: Vec<String>,
+    /// TESTS ONLY: trust this PEM certificate for upstream TLS, in addition to the system's roots.
+    #[arg(long, value_name = "PEM")]
+    dangerous_upstream_ca: Option<PathBuf>,
+    /// The command to run and its arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+/// Parse `NAME:PORT=IP:PORT`.
+fn parse_connect_to(spec: &str) -> Result<(String, u16, SocketAddr)> {
+    let (from, to) = spec.split_once('=').with_context(|| format!("{spec:?}: expected NAME:PORT=IP:PORT"))?;
+    let (name, port) = from.rsplit_once(':').with_context(|| format!("{spec:?}: {from:?} has no port"))?;
+    let port: u16 = port.parse().with_context(|| format!("{spec:?}: bad port {port:?}"))?;
+    let to: SocketAddr = to.parse().with_context(|| format!("{spec:?}: {to:?} is not IP:PORT"))?;
+    let name = agenthold_core::policy::normalize_name(name).with_context(|| format!("{spec:?}"))?;
+    Ok((name, port, to))
+}
+
+/// Parse `IP:PORT` or `IP` (port 53).
+fn parse_dns_upstream(s: &str) -> Result<SocketAddr> {
+    s.parse::<SocketAddr>()
+        .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        .with_context(|| format!("--dns-upstream {s:?}: expected IP:PORT"))
+}
+
+/// Everything checked before touching the system.
+struct Plan {
+    policy: NetworkPolicy,
+    dangerous: Dangerous,
+    config: Config,
+    data_dir: PathBuf,
+    dns_upstream: SocketAddr,
+}
+
+fn plan(args: &RunArgs) -> Result<Plan> {
+    let entries: Vec<PolicyEntry> = args.allow.iter().map(|e| PolicyEntry::parse(e)).collect::<Result<_, _>>()?;
+    let mode = match (entries.is_empty(), args.report_only) {
+        (true, false) => PolicyMode::Open,
+        (_, true) => PolicyMode::ReportOnly,
+        (false, false) => PolicyMode::Allowlist,
+    };
+    let connect_to = args.dangerous_connect_to.iter().map(|s| parse_connect_to(s)).collect::<Result<_>>()?;
+    let upstream_ca_pem = match &args.dangerous_upstream_ca {
+        Some(p) => Some(std::fs::read(p).with_context(|| format!("--dangerous-upstream-ca {}", p.display()))?),
+        None => None,
+    };
+    let config = Config::load(None)?;
+    let data_dir = match &args.data_dir {
+        Some(d) => d.clone(),
+        None => config.data_dir()?,
+    };
+    let dns_upstream = match &args.dns_upstream {
+        Some(s) => parse_dns_upstream(s)?,
+        None => config.egress.dns_upstream()?,
+    };
+    Ok(Plan {
+        policy: NetworkPolicy { mode, entries },
+        dangerous: Dangerous { connect_to, upstream_ca_pem },
+        config,
+        data_dir,
+        dns_upstream,
+    })
+}
+
+/// Run the command; returns its exit code (128 + signal when killed by a signal).
+pub(crate) fn run(args: &RunArgs) -> Result<i32> {
+    let plan = match plan(args) {
+        Ok(p) => p,
+        Err(e) => {
+            // Bad input is the caller's to fix: exit 2, like a usage error.
+            eprintln!("agenthold run: {e:#}");
+            return Ok(2);
+        }
+    };
+    if !nix::unistd::geteuid().is_root() {
+        bail!("agenthold run needs root (it creates network namespaces and nftables rules); try sudo");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(run_async(args, plan))
+}
+
+async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
+    remove_stale_namespaces();
+    let run_dir = plan.data_dir.join("run");
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("create {}", run_dir.display()))?;
+    let net = RunNet::create()?;
+    let ports = Ports {
+        proxy: plan.config.egress.proxy_port,
+        explicit: plan.config.egress.explicit_port,
+        dns: plan.config.egress.dns_port,
+        tunnel: None,
+    };
+    net.install(ports).await?;
+
+    let agent = AgentId::new("run").context("agent id")?;
+    let policies = Arc::new(PolicyTable::new());
+    policies.set(agent.clone(), plan.policy);
+    let gateway = Gateway::builder()
+        .config(&plan.config.egress)?
+        .policy(policies)
+        .dns_upstream(plan.dns_upstream)
+        .dangerous(plan.dangerous)
+        .build()?;
+    let bind = |port| SocketAddr::V4(SocketAddrV4::new(GATEWAY_ADDR, port));
+    let sockets = AgentSockets {
+        transparent: Some(net.gateway.bind_tcp(bind(ports.proxy))?),
+        explicit: Some(net.gateway.bind_tcp(bind(ports.explicit))?),
+        dns: Some((net.gateway.bind_udp(bind(ports.dns))?, net.gateway.bind_tcp(bind(ports.dns))?)),
+    };
+    let log_writer = match &args.log {
+        Some(path) => Some(spawn_log_writer(path, gateway.log().subscribe()).await?),
+        None => None,
+    };
+    gateway.attach(&agent, sockets)?;
+
+    let resolv = net.dir(&run_dir)?.join("resolv.conf");
+    std::fs::write(&resolv, format!("nameserver {GATEWAY_ADDR}\noptions timeout:2 attempts:2\n"))
+        .with_context(|| format!("write {}", resolv.display()))?;
+    let proxy = format!("http://{GATEWAY_ADDR}:{}", ports.explicit);
+    let mut env = BTreeMap::new();
+    for key in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
+        env.insert(key.to_owned(), proxy.clone());
+    }
+    for key in ["NO_PROXY", "no_proxy"] {
+        env.insert(key.to_owned(), "localhost,127.0.0.1,::1".to_owned());
+    }
+    let status = run_jailed(&net.sandbox, &resolv, &args.command, &env).await?;
+
+    // Let connections the command left open close and get logged, then stop.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gateway.shutdown(Duration::from_secs(2)).await;
+    drop(gateway);
+    if let Some(writer) = log_writer {
+        writer.await.context("log writer")??;
+    }
+    drop(net);
+    Ok(exit_code(status))
+}
+
+/// Run `command` in the jail with `env` added; forward SIGINT, SIGTERM and SIGHUP to it.
+async fn run_jailed(
+    sandbox: &NetNs,
+    resolv: &Path,
+    command: &[String],
+    env: &BTreeMap<String, String>,
+) -> Result<ExitStatus> {
+    let exe = std::env::current_exe().context("find the agenthold executable")?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("__jail").arg("--netns").arg(sandbox.path()).arg("--resolv").arg(resolv);
+    if let Some((uid, gid)) = sudo_caller() {
+        cmd.arg("--uid").arg(uid.to_string()).arg("--gid").arg(gid.to_string());
+    }
+    cmd.arg("--").args(command).envs(env).kill_on_drop(true);
+    let mut child = cmd.spawn().context("start the jailed command")?;
+    let pid = child.id().and_then(|p| i32::try_from(p).ok()).map(nix::unistd::Pid::from_raw);
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    loop {
+        let forward = tokio::select! {
+            status = child.wait() => return status.context("wait for the command"),
+            _ = sigint.recv() => nix::sys::signal::Signal::SIGINT,
+            _ = sigterm.recv() => nix::sys::signal::Signal::SIGTERM,
+            _ = sighup.recv() => nix::sys::signal::Signal::SIGHUP,
+        };
+        if let Some(pid) = pid {
+            let _ = nix::sys::signal::kill(pid, forward);
+        }
+    }
+}
+
+/// The user behind sudo, if agenthold was started through it.
+fn sudo_caller() -> Option<(u32, u32)> {
+    let uid: u32 = std::env::var("SUDO_UID").ok()?.parse().ok()?;
+    let gid: u32 = std::env::var("SUDO_GID").ok()?.parse().ok()?;
+    (uid != 0).then_some((uid, gid))
+}
+
+fn exit_code(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1)
+}
+
+/// Write every log entry as a JSON line until the log closes.
+async fn spawn_log_writer(
+    path: &Path,
+    mut rx: tokio::sync::broadcast::Receiver<Arc<agenthold_egress::log::LogEntry>>,
+) -> Result<tokio::task::JoinHandle<Result<()>>> {
+    let file = tokio::fs::File::create(path).await.with_context(|| format!("create {}", path.display()))?;
+    let path = path.to_owned();
+    Ok(tokio::spawn(async move {
+        let mut out = tokio::io::BufWriter::new(file);
+        loop {
+            match rx.recv().await {
+                Ok(entry) => {
+                    out.write_all(entry.to_json_line().as_bytes()).await?;
+                    out.write_all(b"\n").await?;
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "request log writer fell behind; entries lost");
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+            }
+        }
+        out.flush().await.with_context(|| format!("write {}", path.display()))
+    }))
+}
+
+/// The pair of namespaces of one run. Dropping it deletes both (the veth pair and the rules go with them).
+struct RunNet {
+    gateway: NetNs,
+    sandbox: NetNs,
+    gateway_iface: String,
+    base: String,
+}
+
+impl RunNet {
+    fn create() -> Result<Self> {
+        let tag = random_tag();
+        let base = format!("{NS_PREFIX}{}-{tag}", std::process::id());
+        let gateway = NetNs::create(&format!("{base}-gw"))?;
+        let sandbox = match NetNs::create(&format!("{base}-sb")) {
+            Ok(ns) => ns,
+            Err(e) => {
+                let _ = gateway.delete();
+                return Err(e.into());
+            }
+        };
+        let net = Self { gateway, sandbox, gateway_iface: format!("ahg{tag}"), base };
+        let sandbox_iface = format!("ahs{tag}");
+        net.gateway.veth_pair(&net.gateway_iface, &net.sandbox, &sandbox_iface)?;
+        net.gateway.link_up("lo")?;
+        net.sandbox.link_up("lo")?;
+        net.gateway.add_address(&net.gateway_iface, ipnet::IpNet::new(GATEWAY_ADDR.into(), 24)?)?;
+        net.sandbox.add_address(&sandbox_iface, ipnet::IpNet::new(SANDBOX_ADDR.into(), 24)?)?;
+        net.gateway.link_up(&net.gateway_iface)?;
+        net.sandbox.link_up(&sandbox_iface)?;
+        net.sandbox.add_default_route(GATEWAY_ADDR.into())?;
+        // The sandbox is IPv4-only: the gateway's resolver answers A records only.
+        net.sandbox.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
+        net.sandbox.sysctl("net.ipv6.conf.default.disable_ipv6", "1")?;
+        Ok(net)
+    }
+
+    async fn install(&self, ports: Ports) -> Result<()> {
+        agenthold_egress::nft::harden(&self.gateway)?;
+        let rules = GatewayRules {
+            ports,
+            agents: vec![AgentAttachment {
+                iface: self.gateway_iface.clone(),
+                gateway_addr: GATEWAY_ADDR,
+                subnet: ipnet::Ipv4Net::new(GATEWAY_ADDR, 24)?.trunc(),
+            }],
+        };
+        rules.apply(&self.gateway).await?;
+        Ok(())
+    }
+
+    /// A private folder for this run's files under `run_dir`.
+    fn dir(&self, run_dir: &Path) -> Result<PathBuf> {
+        let dir = run_dir.join(&self.base);
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        Ok(dir)
+    }
+}
+
+impl Drop for RunNet {
+    fn drop(&mut self) {
+        for ns in [&self.sandbox, &self.gateway] {
+            if let Err(e) = ns.delete() {
+                tracing::warn!(error = %e, "could not remove a namespace");
+            }
+        }
+    }
+}
+
+/// Six random lower-case characters for names (interface names are limited to 15 bytes).
+fn random_tag() -> String {
+    let id = AgentId::random();
+    id.as_str()[..6].to_owned()
+}
+
+/// Remove namespaces left by runs whose process no longer exists (killed with SIGKILL).
+fn remove_stale_namespaces() {
+    let Ok(dir) = std::fs::read_dir("/var/run/netns") else { return };
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(NS_PREFIX) else { continue };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = NetNs::named(&name).delete();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_to_specs() {
+        let (n, p, a) = parse_connect_to("API.example.test:443=127.0.0.1:8443").unwrap();
+        assert_eq!((n.as_str(), p, a), ("api.example.test", 443, "127.0.0.1:8443".parse().unwrap()));
+        for bad in ["x", "a.test=1.2.3.4:1", "a.test:x=1.2.3.4:1", "a.test:1=1.2.3.4", "a b:1=1.2.3.4:5"] {
+            assert!(parse_connect_to(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn dns_upstream_forms() {
+        assert_eq!(parse_dns_upstream("127.0.0.1:5353").unwrap(), "127.0.0.1:5353".parse().unwrap());
+        assert_eq!(parse_dns_upstream("10.0.0.1").unwrap(), "10.0.0.1:53".parse().unwrap());
+        assert!(parse_dns_upstream("dns.example").is_err());
+    }
+}
