@@ -180,6 +180,9 @@ fn split_port(entry: &str) -> Result<(&str, Option<&str>), String> {
     if let Some(rest) = entry.strip_prefix('[') {
         let (inside, after) =
             rest.split_once(']').ok_or_else(|| "an IPv6 address must be closed with ']'".to_owned())?;
+        if inside.split('/').next().is_none_or(|a| a.parse::<std::net::Ipv6Addr>().is_err()) {
+            return Err("brackets are only for IPv6 addresses, like [2001:db8::/32]:443".into());
+        }
         return match after {
             "" => Ok((inside, None)),
             _ => match after.strip_prefix(':') {
@@ -344,6 +347,8 @@ mod tests {
             ("2001:db8::1", "brackets"),
             ("[2001:db8::1", "closed"),
             ("[2001:db8::1]x", "after ']'"),
+            ("[github.com]:22", "only for IPv6"),
+            ("[1.2.3.4]", "only for IPv6"),
             ("*", "wildcard"),
             ("*.*.com", "one leading"),
             ("foo.*.com", "wildcard"),

@@ -20,15 +20,19 @@ const MAX_LABEL_LEN: usize = 63;
 /// [`Error::HostName`] naming the input and what is wrong.
 pub fn normalize_name(input: &str) -> Result<String, Error> {
     let bad = |problem: &str| Error::HostName { name: input.to_owned(), problem: problem.to_owned() };
-    let trimmed = input.strip_suffix('.').unwrap_or(input);
-    if trimmed.is_empty() {
+    // Plain ASCII without punycode labels is the hot path (SNI and Host headers): lower-case it. Anything
+    // else goes through IDNA, which also validates `xn--` labels.
+    let needs_idna = !input.is_ascii() || input.to_ascii_lowercase().split('.').any(|l| l.starts_with("xn--"));
+    let mapped = if needs_idna {
+        idna::domain_to_ascii(input).map_err(|_| bad("not a valid internationalised domain name"))?
+    } else {
+        input.to_ascii_lowercase()
+    };
+    // Strip the trailing dot after mapping: IDNA turns full-width and ideographic dots into '.'.
+    let ascii = mapped.strip_suffix('.').unwrap_or(&mapped).to_owned();
+    if ascii.is_empty() {
         return Err(bad("empty name"));
     }
-    let ascii = if trimmed.is_ascii() {
-        trimmed.to_ascii_lowercase()
-    } else {
-        idna::domain_to_ascii(trimmed).map_err(|_| bad("not a valid internationalised domain name"))?
-    };
     if ascii.len() > MAX_NAME_LEN {
         return Err(bad("longer than 253 characters"));
     }
@@ -69,13 +73,15 @@ mod tests {
         assert_eq!(normalize_name("xn--bcher-kva.example").unwrap(), "xn--bcher-kva.example");
         assert_eq!(normalize_name("_dmarc.example.com").unwrap(), "_dmarc.example.com");
         assert_eq!(normalize_name("localhost").unwrap(), "localhost");
+        assert_eq!(normalize_name("github.com\u{3002}").unwrap(), "github.com");
+        assert_eq!(normalize_name("github\u{ff0e}com").unwrap(), "github.com");
     }
 
     #[test]
     fn rejects() {
         for bad in [
             "", ".", "a..b", "a b.com", "a/b", "a:b", "1.2.3.4", "0x7f.1", "2130706433", "a.0x1f", "a.123",
-            "*.x.com", "a@b.com", "a\0b.com",
+            "*.x.com", "a@b.com", "a\0b.com", "xn--zz.example", "..", "a.b..",
         ] {
             assert!(normalize_name(bad).is_err(), "{bad:?} accepted");
         }

@@ -1,5 +1,10 @@
 //! Secrets (E10–E13, E15): values that never enter a sandbox, the rules that say where the gateway may inject
-//! them, presets for common providers, placeholders, and the [`SecretInjector`] trait.
+//! them, presets for common providers, placeholders, and the [`SecretInjector`] trait with its default
+//! implementation, [`SecretTable`].
+
+mod table;
+
+pub use table::{Placeholder, SecretTable};
 
 use std::fmt;
 
@@ -87,9 +92,14 @@ impl SecretRule {
     /// [`Error::Secret`] for an address, a port or an invalid name in `hosts`, an invalid header name, or a
     /// template that does not parse.
     pub fn header<S: AsRef<str>>(hosts: &[S], header: &str, template: &str) -> Result<Self, Error> {
+        let template = Template::parse(template)?;
+        // Literals are the only part of a rendering a value cannot vouch for: check them once, here.
+        if let Some(problem) = header_value_problem(&template.render(b"x")) {
+            return Err(bad_rule(format!("template {:?} renders a value that {problem}", template.source())));
+        }
         Ok(Self {
             hosts: parse_rule_hosts(hosts)?,
-            kind: RuleKind::Header { header: parse_header_name(header)?, template: Template::parse(template)? },
+            kind: RuleKind::Header { header: parse_header_name(header)?, template },
         })
     }
 
@@ -145,6 +155,18 @@ fn parse_rule_hosts<S: AsRef<str>>(hosts: &[S]) -> Result<Vec<HostPattern>, Erro
             }
         })
         .collect()
+}
+
+/// Why `bytes` cannot be an HTTP header value (RFC 9110 field-value: visible characters, spaces, tabs and
+/// obs-text; no CR, LF, NUL or other controls), if it cannot.
+pub(crate) fn header_value_problem(bytes: &[u8]) -> Option<&'static str> {
+    if bytes.iter().any(|&b| b == b'\r' || b == b'\n') {
+        Some("contains a line break")
+    } else if bytes.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+        Some("contains a control character")
+    } else {
+        None
+    }
 }
 
 /// Validate an HTTP header name (RFC 9110 token) and lower-case it.
@@ -272,6 +294,9 @@ impl SecretSpec {
         if rules.is_empty() {
             return Err(fail("a secret needs at least one rule".into()));
         }
+        if let Some(problem) = header_value_problem(value.expose()) {
+            return Err(fail(format!("the value {problem}; it must be usable in an HTTP header")));
+        }
         Ok(Self { name: name.to_owned(), value, env: env.map(str::to_owned), rules })
     }
 
@@ -324,6 +349,9 @@ pub enum InjectOutcome {
     Forward {
         /// Names of the secrets injected (never their values).
         injected: Vec<String>,
+        /// Names of secrets whose placeholder the request carried to a host outside their rules, when the
+        /// leak guard only logs.
+        leaked: Vec<String>,
     },
     /// Refuse the request with this HTTP status.
     Refuse {
@@ -344,6 +372,8 @@ pub enum InjectOutcome {
 /// it must never inject (E13) but may refuse a request that carries a placeholder (leak guard). It never
 /// touches bodies. Both methods run per connection or request and must not block.
 pub trait SecretInjector: Send + Sync {
+    /// Whether `agent` has any secret at all; when false the gateway skips [`SecretInjector::rewrite`].
+    fn has_secrets(&self, agent: &AgentId) -> bool;
     /// Whether TLS connections from `agent` to `host` (normalised SNI) are intercepted.
     fn intercepts(&self, agent: &AgentId, host: &str) -> bool;
     /// Rewrite one request head.

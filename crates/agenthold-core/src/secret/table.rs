@@ -1,0 +1,413 @@
+//! [`SecretTable`], the default [`SecretInjector`]: per agent, the attached secrets and their placeholders.
+//!
+//! On a request to a host one of the agent's rules covers, over TLS whose SNI equals the request's host:
+//! header rules set their header from the template and replace the placeholder wherever it appears in
+//! header values (raw) and the query string (percent-encoded); login rules replace it only inside their one
+//! header, never add that header, and only on their path prefixes. A placeholder on its way anywhere else
+//! (another host, plain HTTP) is a leak: refused with 403, or only reported when the leak guard is `log`.
+//! Bodies are never looked at.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use memchr::memmem;
+
+use super::{
+    InjectOutcome, PLACEHOLDER_PREFIX, RequestHead, RuleKind, SecretInjector, SecretSpec, SecretValue,
+    new_placeholder,
+};
+use crate::config::LeakGuard;
+use crate::ids::AgentId;
+use crate::policy::DenyReason;
+
+/// A secret's placeholder as the sandbox sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Placeholder {
+    /// The secret's name.
+    pub name: String,
+    /// The environment variable that carries the placeholder, if any.
+    pub env: Option<String>,
+    /// The placeholder (`agenthold-placeholder-…`).
+    pub placeholder: String,
+}
+
+#[derive(Debug)]
+struct Attached {
+    spec: SecretSpec,
+    placeholder: String,
+}
+
+/// The default [`SecretInjector`]. Cheap to share (`Arc`); every method takes `&self`.
+#[derive(Debug, Default)]
+pub struct SecretTable {
+    agents: RwLock<HashMap<AgentId, Arc<Vec<Attached>>>>,
+    leak_guard: LeakGuard,
+}
+
+impl SecretTable {
+    /// An empty table with the given leak-guard behaviour.
+    #[must_use]
+    pub fn new(leak_guard: LeakGuard) -> Self {
+        Self { agents: RwLock::default(), leak_guard }
+    }
+
+    /// Attach `secrets` to `agent`, replacing what it had. A secret that keeps its name keeps its
+    /// placeholder (the sandbox's environment stays valid); new ones get fresh random placeholders.
+    pub fn set(&self, agent: &AgentId, secrets: Vec<SecretSpec>) -> Vec<Placeholder> {
+        let old = self.get(agent);
+        let with = secrets
+            .into_iter()
+            .map(|spec| {
+                let kept = old.iter().flat_map(|v| v.iter()).find(|a| a.spec.name == spec.name);
+                let placeholder = kept.map_or_else(new_placeholder, |a| a.placeholder.clone());
+                (spec, placeholder)
+            })
+            .collect();
+        self.set_with_placeholders(agent, with)
+    }
+
+    /// Attach secrets with known placeholders (restoring an agent after a restart: the sandbox still holds
+    /// the old ones).
+    pub fn set_with_placeholders(&self, agent: &AgentId, secrets: Vec<(SecretSpec, String)>) -> Vec<Placeholder> {
+        let attached: Vec<Attached> =
+            secrets.into_iter().map(|(spec, placeholder)| Attached { spec, placeholder }).collect();
+        let out = placeholders_of(&attached);
+        self.agents.write().unwrap_or_else(PoisonError::into_inner).insert(agent.clone(), Arc::new(attached));
+        out
+    }
+
+    /// The placeholders of `agent`'s secrets.
+    #[must_use]
+    pub fn placeholders(&self, agent: &AgentId) -> Vec<Placeholder> {
+        self.get(agent).map(|a| placeholders_of(&a)).unwrap_or_default()
+    }
+
+    /// Replace the value of `agent`'s secret `name` (a refreshed token); false when there is no such secret.
+    pub fn update_value(&self, agent: &AgentId, name: &str, value: SecretValue) -> bool {
+        let mut agents = self.agents.write().unwrap_or_else(PoisonError::into_inner);
+        let Some(current) = agents.get(agent) else { return false };
+        let mut updated = false;
+        let next: Vec<Attached> = current
+            .iter()
+            .map(|a| {
+                let mut spec = a.spec.clone();
+                if spec.name == name {
+                    spec.value = value.clone();
+                    updated = true;
+                }
+                Attached { spec, placeholder: a.placeholder.clone() }
+            })
+            .collect();
+        agents.insert(agent.clone(), Arc::new(next));
+        updated
+    }
+
+    /// Forget `agent`'s secrets.
+    pub fn remove(&self, agent: &AgentId) {
+        self.agents.write().unwrap_or_else(PoisonError::into_inner).remove(agent);
+    }
+
+    fn get(&self, agent: &AgentId) -> Option<Arc<Vec<Attached>>> {
+        self.agents.read().unwrap_or_else(PoisonError::into_inner).get(agent).cloned()
+    }
+}
+
+fn placeholders_of(attached: &[Attached]) -> Vec<Placeholder> {
+    attached
+        .iter()
+        .map(|a| Placeholder { name: a.spec.name.clone(), env: a.spec.env.clone(), placeholder: a.placeholder.clone() })
+        .collect()
+}
+
+/// Whether `haystack` contains `needle`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    memmem::find(haystack, needle).is_some()
+}
+
+/// `haystack` with every `needle` replaced by `with`, or `None` when there is none.
+fn replace_all(haystack: &[u8], needle: &[u8], with: &[u8]) -> Option<Vec<u8>> {
+    let mut hits = memmem::find_iter(haystack, needle).peekable();
+    hits.peek()?;
+    let mut out = Vec::with_capacity(haystack.len() + with.len());
+    let mut last = 0;
+    for at in hits {
+        out.extend_from_slice(&haystack[last..at]);
+        out.extend_from_slice(with);
+        last = at + needle.len();
+    }
+    out.extend_from_slice(&haystack[last..]);
+    Some(out)
+}
+
+/// Percent-encode everything but RFC 3986 unreserved characters, for values put into a query string.
+fn percent_encode(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 3);
+    for &b in bytes {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// Whether the request head mentions the placeholder prefix at all (the common case is no).
+fn mentions_placeholders(head: &RequestHead) -> bool {
+    let prefix = PLACEHOLDER_PREFIX.as_bytes();
+    contains(head.path_and_query.as_bytes(), prefix) || head.headers.iter().any(|(_, v)| contains(v, prefix))
+}
+
+fn carries(head: &RequestHead, placeholder: &str) -> bool {
+    let p = placeholder.as_bytes();
+    contains(head.path_and_query.as_bytes(), p) || head.headers.iter().any(|(_, v)| contains(v, p))
+}
+
+/// Whether `path` (with its query) is under one of `prefixes` (all paths when there are none).
+fn path_allowed(path_and_query: &str, prefixes: &[String]) -> bool {
+    let path = path_and_query.split('?').next().unwrap_or_default();
+    prefixes.is_empty() || prefixes.iter().any(|p| path.starts_with(p.as_str()))
+}
+
+impl SecretInjector for SecretTable {
+    fn has_secrets(&self, agent: &AgentId) -> bool {
+        self.get(agent).is_some_and(|a| !a.is_empty())
+    }
+
+    fn intercepts(&self, agent: &AgentId, host: &str) -> bool {
+        self.get(agent).is_some_and(|a| a.iter().any(|s| s.spec.covers(host)))
+    }
+
+    fn rewrite(&self, agent: &AgentId, tls_host: Option<&str>, head: &mut RequestHead) -> InjectOutcome {
+        let Some(secrets) = self.get(agent) else {
+            return InjectOutcome::Forward { injected: Vec::new(), leaked: Vec::new() };
+        };
+        if let Some(sni) = tls_host
+            && head.host != sni
+        {
+            // A request for another host on a connection opened for a rule host: no secret goes with it.
+            return InjectOutcome::Refuse { status: 421, reason: DenyReason::HostMismatch, secret: None };
+        }
+        // The leak guard: a placeholder heading anywhere its secret may not go.
+        let mut leaked = Vec::new();
+        if mentions_placeholders(head) {
+            for s in secrets.iter() {
+                let may_go = tls_host.is_some() && s.spec.covers(&head.host);
+                if !may_go && carries(head, &s.placeholder) {
+                    match self.leak_guard {
+                        LeakGuard::Block => {
+                            return InjectOutcome::Refuse {
+                                status: 403,
+                                reason: DenyReason::PlaceholderLeak,
+                                secret: Some(s.spec.name.clone()),
+                            };
+                        }
+                        LeakGuard::Log => leaked.push(s.spec.name.clone()),
+                    }
+                }
+            }
+        }
+        let mut injected = Vec::new();
+        if tls_host.is_none() {
+            // Plain HTTP is never injected (E13).
+            return InjectOutcome::Forward { injected, leaked };
+        }
+        let host = head.host.clone();
+        for s in secrets.iter() {
+            for rule in s.spec.rules.iter().filter(|r| r.covers(&host)) {
+                let did = match &rule.kind {
+                    RuleKind::Header { header, template } => {
+                        inject_header(head, header, &template.render(s.spec.value.expose()));
+                        replace_everywhere(head, &s.placeholder, s.spec.value.expose());
+                        true
+                    }
+                    RuleKind::Login { header, path_prefixes } => {
+                        path_allowed(&head.path_and_query, path_prefixes)
+                            && replace_in_header(head, header, &s.placeholder, s.spec.value.expose())
+                    }
+                };
+                if did && !injected.contains(&s.spec.name) {
+                    injected.push(s.spec.name.clone());
+                }
+            }
+        }
+        InjectOutcome::Forward { injected, leaked }
+    }
+}
+
+/// Set `name` to `value`, replacing every existing value of it.
+fn inject_header(head: &mut RequestHead, name: &str, value: &[u8]) {
+    head.headers.retain(|(n, _)| n != name);
+    head.headers.push((name.to_owned(), value.to_vec()));
+}
+
+/// Replace the placeholder in every header value (raw) and in the query string (percent-encoded).
+fn replace_everywhere(head: &mut RequestHead, placeholder: &str, value: &[u8]) {
+    for (_, v) in &mut head.headers {
+        if let Some(new) = replace_all(v, placeholder.as_bytes(), value) {
+            *v = new;
+        }
+    }
+    let encoded = percent_encode(value);
+    if let Some(new) = replace_all(head.path_and_query.as_bytes(), placeholder.as_bytes(), encoded.as_bytes()) {
+        // Only ASCII went in (the path was ASCII and the value is percent-encoded).
+        head.path_and_query = String::from_utf8_lossy(&new).into_owned();
+    }
+}
+
+/// Replace the placeholder inside header `name` only; whether anything was replaced.
+fn replace_in_header(head: &mut RequestHead, name: &str, placeholder: &str, value: &[u8]) -> bool {
+    let mut did = false;
+    for (n, v) in &mut head.headers {
+        if n == name
+            && let Some(new) = replace_all(v, placeholder.as_bytes(), value)
+        {
+            *v = new;
+            did = true;
+        }
+    }
+    did
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::secret::{Preset, SecretRule};
+
+    fn head(host: &str, path: &str, headers: &[(&str, &str)]) -> RequestHead {
+        RequestHead {
+            method: "GET".into(),
+            host: host.into(),
+            path_and_query: path.into(),
+            headers: headers.iter().map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec())).collect(),
+        }
+    }
+
+    fn header<'a>(h: &'a RequestHead, name: &str) -> Vec<&'a [u8]> {
+        h.headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_slice()).collect()
+    }
+
+    fn table(guard: LeakGuard) -> (SecretTable, AgentId, String) {
+        let t = SecretTable::new(guard);
+        let a = AgentId::new("a").unwrap();
+        let spec = SecretSpec::new(
+            "api",
+            SecretValue::from("s3cr3t&=x"),
+            Some("API_KEY"),
+            vec![SecretRule::header(&["api.example.test"], "Authorization", "Bearer {{.Value}}").unwrap()],
+        )
+        .unwrap();
+        let p = t.set(&a, vec![spec]).remove(0).placeholder;
+        (t, a, p)
+    }
+
+    // covers: E11, E13
+    #[test]
+    fn sets_the_header_and_replaces_placeholders_in_headers_and_query() {
+        let (t, a, p) = table(LeakGuard::Block);
+        let mut h = head("api.example.test", &format!("/v1?key={p}&x=1"), &[("x-other", &format!("k={p}"))]);
+        let out = t.rewrite(&a, Some("api.example.test"), &mut h);
+        assert_eq!(out, InjectOutcome::Forward { injected: vec!["api".into()], leaked: vec![] });
+        assert_eq!(header(&h, "authorization"), [b"Bearer s3cr3t&=x".as_slice()]);
+        assert_eq!(header(&h, "x-other"), [b"k=s3cr3t&=x".as_slice()]);
+        assert_eq!(h.path_and_query, "/v1?key=s3cr3t%26%3Dx&x=1");
+    }
+
+    // covers: E13
+    #[test]
+    fn plain_http_is_never_injected_and_placeholders_there_are_leaks() {
+        let (t, a, p) = table(LeakGuard::Block);
+        let mut h = head("api.example.test", "/", &[]);
+        assert_eq!(t.rewrite(&a, None, &mut h), InjectOutcome::Forward { injected: vec![], leaked: vec![] });
+        assert!(header(&h, "authorization").is_empty());
+        let mut h = head("api.example.test", "/", &[("authorization", &format!("Bearer {p}"))]);
+        assert!(matches!(
+            t.rewrite(&a, None, &mut h),
+            InjectOutcome::Refuse { status: 403, reason: DenyReason::PlaceholderLeak, .. }
+        ));
+    }
+
+    #[test]
+    fn leak_guard_blocks_or_logs_placeholders_to_other_hosts() {
+        let (t, a, p) = table(LeakGuard::Block);
+        let mut h = head("echo.example.test", &format!("/?q={p}"), &[]);
+        let out = t.rewrite(&a, Some("echo.example.test"), &mut h);
+        assert_eq!(
+            out,
+            InjectOutcome::Refuse { status: 403, reason: DenyReason::PlaceholderLeak, secret: Some("api".into()) }
+        );
+        let (t, a, p) = table(LeakGuard::Log);
+        let mut h = head("echo.example.test", &format!("/?q={p}"), &[]);
+        let out = t.rewrite(&a, Some("echo.example.test"), &mut h);
+        assert_eq!(out, InjectOutcome::Forward { injected: vec![], leaked: vec!["api".into()] });
+        assert!(h.path_and_query.contains(&p), "a leaked placeholder is never replaced");
+    }
+
+    #[test]
+    fn host_must_equal_sni() {
+        let (t, a, _) = table(LeakGuard::Block);
+        let mut h = head("other.example.test", "/", &[]);
+        assert!(matches!(
+            t.rewrite(&a, Some("api.example.test"), &mut h),
+            InjectOutcome::Refuse { status: 421, reason: DenyReason::HostMismatch, secret: None }
+        ));
+        assert!(header(&h, "authorization").is_empty());
+    }
+
+    #[test]
+    fn another_agents_placeholder_is_not_replaced() {
+        let (t, _, p) = table(LeakGuard::Block);
+        let b = AgentId::new("b").unwrap();
+        t.set(&b, vec![SecretSpec::preset("gh", Preset::GitHub, "ghp".into(), None).unwrap()]);
+        let mut h = head("api.example.test", "/", &[("x-key", &p)]);
+        let out = t.rewrite(&b, Some("api.example.test"), &mut h);
+        assert_eq!(out, InjectOutcome::Forward { injected: vec![], leaked: vec![] });
+        assert_eq!(header(&h, "x-key"), [p.as_bytes()]);
+        assert!(!t.intercepts(&b, "api.example.test"));
+        assert!(t.intercepts(&b, "github.com"));
+    }
+
+    // covers: E15
+    #[test]
+    fn login_rules_replace_only_inside_their_header_and_paths() {
+        let t = SecretTable::new(LeakGuard::Block);
+        let a = AgentId::new("a").unwrap();
+        let rule = SecretRule::login(&["chatgpt.com"], "Authorization", &["/backend-api/"]).unwrap();
+        let spec = SecretSpec::new("login", "tok".into(), Some("TOKEN"), vec![rule]).unwrap();
+        let p = t.set(&a, vec![spec]).remove(0).placeholder;
+        let auth = format!("Bearer {p}");
+        let mut h = head("chatgpt.com", "/backend-api/x", &[("authorization", &auth), ("x-copy", &p)]);
+        let out = t.rewrite(&a, Some("chatgpt.com"), &mut h);
+        assert_eq!(out, InjectOutcome::Forward { injected: vec!["login".into()], leaked: vec![] });
+        assert_eq!(header(&h, "authorization"), [b"Bearer tok".as_slice()]);
+        assert_eq!(header(&h, "x-copy"), [p.as_bytes()], "only the named header");
+        let mut h = head("chatgpt.com", "/backend-api/x", &[]);
+        t.rewrite(&a, Some("chatgpt.com"), &mut h);
+        assert!(header(&h, "authorization").is_empty(), "never added");
+        let mut h = head("chatgpt.com", "/other", &[("authorization", &auth)]);
+        t.rewrite(&a, Some("chatgpt.com"), &mut h);
+        assert_eq!(header(&h, "authorization"), [auth.as_bytes()], "outside the paths");
+    }
+
+    #[test]
+    fn placeholders_survive_a_reset_and_values_update() {
+        let (t, a, p) = table(LeakGuard::Block);
+        let spec = SecretSpec::preset("api", Preset::OpenAi, "v2".into(), None).unwrap();
+        assert_eq!(t.set(&a, vec![spec])[0].placeholder, p);
+        assert!(t.update_value(&a, "api", "v3".into()));
+        let mut h = head("api.openai.com", "/", &[]);
+        t.rewrite(&a, Some("api.openai.com"), &mut h);
+        assert_eq!(header(&h, "authorization"), [b"Bearer v3".as_slice()]);
+        assert!(!t.update_value(&a, "nope", "x".into()));
+    }
+
+    #[test]
+    fn secret_values_must_be_header_safe() {
+        let r = Preset::OpenAi.rules();
+        assert!(SecretSpec::new("n", "a\r\nx-evil: 1".into(), None, r.clone()).is_err());
+        assert!(SecretSpec::new("n", "a\0b".into(), None, r).is_err());
+        assert!(SecretRule::header(&["h.test"], "x", "{{.Value}}\\n").is_ok());
+        assert!(SecretRule::header(&["h.test"], "x", "{{print .Value \"\\n\"}}").is_err());
+    }
+}

@@ -1,0 +1,8 @@
+//! The invariants each fuzz target checks, one module per target. Every module is a single file that only
+//! uses `agenthold_core`, `base64` and `std`, so `crates/agenthold-core/tests` include the same files by
+//! path and replay `fuzz/regressions/<target>/` through exactly these checks under plain `cargo test`.
+#![forbid(unsafe_code)]
+
+pub mod policy_entry;
+pub mod template_parse;
+pub mod template_render;
