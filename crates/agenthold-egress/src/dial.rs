@@ -34,6 +34,8 @@ pub enum DialError {
     Connect(std::io::Error),
     /// Connecting took longer than the connect timeout.
     Timeout,
+    /// The TLS handshake with the upstream failed (including certificate verification: never downgraded).
+    Tls(std::io::Error),
 }
 
 impl fmt::Display for DialError {
@@ -44,6 +46,7 @@ impl fmt::Display for DialError {
             Self::NoAddress => f.write_str("name has no address"),
             Self::Connect(e) => write!(f, "connect failed: {e}"),
             Self::Timeout => f.write_str("connect timed out"),
+            Self::Tls(e) => write!(f, "upstream TLS: {e}"),
         }
     }
 }

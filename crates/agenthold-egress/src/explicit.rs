@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::gateway::{Shared, Target};
-use crate::http::{ConnCtx, Mode, ProxyBody, empty, refuse};
+use crate::http::{ConnCtx, Mode, Proto, empty, refuse};
+use crate::upstream::ProxyBody;
 use crate::io::{SpliceEnd, splice};
 use crate::log::{LogEntry, LogKind, PendingEntry};
 use crate::sniff::split_host_port;
@@ -31,7 +32,7 @@ pub(crate) async fn serve(gw: Arc<Shared>, agent: AgentId, listener: TcpListener
             cancel: token.clone(),
         });
         let span = tracing::debug_span!("explicit", agent = %agent);
-        crate::http::serve(ctx, stream).instrument(span)
+        crate::http::serve(ctx, stream, Proto::Http1).instrument(span)
     })
     .await;
 }
@@ -66,6 +67,22 @@ pub(crate) async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Respon
         }
         Verdict::Reported(reason) => entry.reason = Some(format!("report_only:{reason}")),
         Verdict::Allowed => {}
+    }
+    if let Target::Name(name) = &target
+        && crate::intercept::wanted(gw, &ctx.agent, name)
+    {
+        // The tunnel carries TLS to a rule host: terminate it here instead of dialling now (each request
+        // is forwarded by the pooled client).
+        entry.status = Some(200);
+        gw.log.record(entry);
+        let on_upgrade = hyper::upgrade::on(&mut req);
+        let (gw, agent, name, cancel) = (Arc::clone(gw), ctx.agent.clone(), name.clone(), ctx.cancel.clone());
+        tokio::spawn(async move {
+            if let Ok(upgraded) = on_upgrade.await {
+                crate::intercept::serve(gw, agent, TokioIo::new(upgraded), name, port, cancel).await;
+            }
+        });
+        return Response::new(empty());
     }
     let dialed = match &target {
         Target::Name(n) => gw.dialer.dial_name(n, port, None).await.map(|(s, _)| s),

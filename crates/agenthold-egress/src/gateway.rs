@@ -22,7 +22,8 @@ use tokio_util::task::TaskTracker;
 use crate::dial::{Dialer, Resolve};
 use crate::dns;
 use crate::error::{Error, Result};
-use crate::http::HttpClient;
+use crate::ca::CertificateAuthority;
+use crate::upstream::HttpClient;
 use crate::log::RequestLog;
 
 /// Timeouts of every network wait in the gateway.
@@ -85,8 +86,9 @@ impl fmt::Display for Target {
 /// State shared by every agent's tasks.
 pub(crate) struct Shared {
     pub(crate) policy: Arc<dyn EgressPolicy>,
-    #[allow(dead_code)] // used by TLS interception
     pub(crate) injector: Option<Arc<dyn SecretInjector>>,
+    /// Server side of interception; `None` when the gateway has no CA (then nothing is intercepted).
+    pub(crate) tls_server: Option<Arc<rustls::ServerConfig>>,
     pub(crate) log: Arc<RequestLog>,
     pub(crate) records: Arc<dns::Records>,
     pub(crate) dialer: Dialer,
@@ -137,6 +139,7 @@ pub struct AgentSockets {
 pub struct GatewayBuilder {
     policy: Option<Arc<dyn EgressPolicy>>,
     injector: Option<Arc<dyn SecretInjector>>,
+    ca: Option<Arc<CertificateAuthority>>,
     dns_upstream: Option<SocketAddr>,
     resolver: Option<Arc<dyn Resolve>>,
     timeouts: Timeouts,
@@ -169,6 +172,13 @@ impl GatewayBuilder {
     #[must_use]
     pub fn injector(mut self, injector: Arc<dyn SecretInjector>) -> Self {
         self.injector = Some(injector);
+        self
+    }
+
+    /// The CA that signs the certificates of intercepted hosts (required with an injector).
+    #[must_use]
+    pub fn certificate_authority(mut self, ca: Arc<CertificateAuthority>) -> Self {
+        self.ca = Some(ca);
         self
     }
 
@@ -233,7 +243,8 @@ impl GatewayBuilder {
     /// Build the gateway. Must be called inside a tokio runtime.
     ///
     /// # Errors
-    /// [`Error::Config`] when no policy or no DNS upstream was given.
+    /// [`Error::Config`] when no policy or no DNS upstream was given, or an injector without a CA;
+    /// [`Error::Tls`] when the extra upstream trust anchor is not a PEM certificate.
     pub fn build(self) -> Result<Gateway> {
         let policy = self.policy.ok_or_else(|| Error::Config { problem: "a policy is required".into() })?;
         let upstream_addr = self.dns_upstream.ok_or_else(|| Error::Config {
@@ -255,13 +266,19 @@ impl GatewayBuilder {
             synthetic.insert(name)?;
         }
         let synthetic = Arc::new(synthetic);
+        if self.injector.is_some() && self.ca.is_none() {
+            return Err(Error::Config { problem: "a secret injector needs a certificate authority".into() });
+        }
+        let tls_client = crate::tls::client_config(self.dangerous.upstream_ca_pem.as_deref())?;
+        let tls_server = self.ca.map(crate::tls::server_config).transpose()?;
         let dialer = Dialer::new(resolver, connect_to, self.timeouts.connect);
         let shared = Arc::new(Shared {
             policy,
             injector: self.injector,
+            tls_server,
             log: Arc::new(RequestLog::new(self.log_keep)),
             records: Arc::new(dns::Records::new()),
-            client: crate::http::client(dialer.clone()),
+            client: crate::upstream::client(dialer.clone(), tls_client, self.timeouts.connect),
             dialer,
             timeouts: self.timeouts,
             disabled: self.disabled,
@@ -300,6 +317,7 @@ impl Gateway {
         GatewayBuilder {
             policy: None,
             injector: None,
+            ca: None,
             dns_upstream: None,
             resolver: None,
             timeouts: Timeouts::default(),

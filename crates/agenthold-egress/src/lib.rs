@@ -2,6 +2,7 @@
 //!
 //! - [`gateway`]: the entry point, [`Gateway::builder`]: per agent, serve the transparent proxy, the
 //!   explicit proxy and DNS on sockets the caller bound inside the gateway's network namespace.
+//! - [`ca`]: the installation's CA and the leaf certificates of intercepted hosts.
 //! - [`guard`]: the one function that decides whether an upstream address may ever be dialled.
 //! - [`dns`]: the resolver sandboxes talk to, and the gateway's own upstream DNS client.
 //! - [`sniff`]: parsers of the first bytes a sandbox sends (TLS ClientHello, HTTP request heads, CONNECT).
@@ -9,10 +10,11 @@
 //! - [`netns`]: opening sockets and running commands inside another network namespace.
 //! - [`nft`]: the nftables ruleset of the gateway's network namespace.
 //!
-//! Internally, `transparent` and `explicit` accept connections, `http` forwards requests through a pooled
-//! upstream client, `dial` resolves and guards upstream addresses, and `io` splices bytes.
+//! Internally, `transparent` and `explicit` accept connections, `http` handles requests (injection included), `intercept`
+//! terminates TLS for secret rule hosts, `upstream` is the pooled upstream client, `dial` resolves and guards upstream addresses, and `io` splices bytes.
 #![forbid(unsafe_code)]
 
+pub mod ca;
 mod dial;
 pub mod dns;
 mod error;
@@ -20,13 +22,17 @@ mod explicit;
 pub mod gateway;
 pub mod guard;
 mod http;
+mod intercept;
 mod io;
 pub mod log;
 pub mod netns;
 pub mod nft;
 pub mod sniff;
+mod tls;
 mod transparent;
+mod upstream;
 
+pub use ca::CertificateAuthority;
 pub use dial::{DialError, Resolve};
 pub use error::{Error, Result};
 pub use gateway::{AgentSockets, Dangerous, Gateway, GatewayBuilder, Timeouts};

@@ -21,7 +21,7 @@ use tracing::Instrument;
 
 use crate::dial::DialError;
 use crate::gateway::{Shared, Target};
-use crate::http::{ConnCtx, Mode};
+use crate::http::{ConnCtx, Mode, Proto};
 use crate::io::{SpliceEnd, splice};
 use crate::log::{LogEntry, LogKind, PendingEntry};
 use crate::sniff::{self, Protocol, Sniff};
@@ -113,14 +113,14 @@ async fn handle(gw: Arc<Shared>, agent: AgentId, mut stream: TcpStream, cancel: 
     }
     loop {
         match sniff::classify(&buf) {
-            Protocol::Tls => return tls(&gw, &agent, stream, orig, buf, deadline).await,
+            Protocol::Tls => return tls(&gw, &agent, stream, orig, buf, deadline, cancel).await,
             // A first byte that could start a method: confirm with the whole head (an SSH banner also
             // starts with a letter) before handing the connection to the HTTP server.
             Protocol::Http => match sniff::parse_request_head(&buf) {
                 Sniff::Done(_) => {
                     let mode = Mode::Transparent { port: orig.port() };
                     let ctx = Arc::new(ConnCtx { gw: Arc::clone(&gw), agent, mode, cancel });
-                    return crate::http::serve(ctx, crate::io::Rewind::new(buf.freeze(), stream)).await;
+                    return crate::http::serve(ctx, crate::io::Rewind::new(buf.freeze(), stream), Proto::Http1).await;
                 }
                 Sniff::NotThisProtocol => return other_tcp(&gw, &agent, stream, orig, buf.freeze()).await,
                 Sniff::Invalid(_) => return refuse_malformed(&gw, &agent, LogKind::Http, orig),
@@ -149,7 +149,15 @@ async fn read_more(stream: &mut TcpStream, buf: &mut BytesMut, deadline: Instant
     matches!(tokio::time::timeout_at(deadline, stream.read_buf(buf)).await, Ok(Ok(n)) if n > 0)
 }
 
-async fn tls(gw: &Arc<Shared>, agent: &AgentId, mut stream: TcpStream, orig: SocketAddr, mut buf: BytesMut, deadline: Instant) {
+async fn tls(
+    gw: &Arc<Shared>,
+    agent: &AgentId,
+    mut stream: TcpStream,
+    orig: SocketAddr,
+    mut buf: BytesMut,
+    deadline: Instant,
+    cancel: CancellationToken,
+) {
     let hello = loop {
         match sniff::parse_client_hello(&buf) {
             Sniff::Done(h) => break h,
@@ -172,6 +180,17 @@ async fn tls(gw: &Arc<Shared>, agent: &AgentId, mut stream: TcpStream, orig: Soc
             return;
         }
     };
+    if let Target::Name(name) = &target
+        && crate::intercept::wanted(gw, agent, name)
+    {
+        let verdict = gw.decide(agent, &target, port);
+        if !verdict.is_allowed() {
+            gw.log.record(LogEntry::new(agent, LogKind::Tls, verdict).to(name.clone(), port));
+            return;
+        }
+        let io = crate::io::Rewind::new(buf.freeze(), stream);
+        return crate::intercept::serve(Arc::clone(gw), agent.clone(), io, name.clone(), port, cancel).await;
+    }
     connect_and_splice(gw, agent, LogKind::Tls, stream, orig, target, buf.freeze()).await;
 }
 

@@ -84,7 +84,7 @@ impl SecretTable {
     }
 
     /// Replace the value of `agent`'s secret `name` (a refreshed token); false when there is no such secret.
-    pub fn update_value(&self, agent: &AgentId, name: &str, value: SecretValue) -> bool {
+    pub fn update_value(&self, agent: &AgentId, name: &str, value: &SecretValue) -> bool {
         let mut agents = self.agents.write().unwrap_or_else(PoisonError::into_inner);
         let Some(current) = agents.get(agent) else { return false };
         let mut updated = false;
@@ -395,11 +395,11 @@ mod tests {
         let (t, a, p) = table(LeakGuard::Block);
         let spec = SecretSpec::preset("api", Preset::OpenAi, "v2".into(), None).unwrap();
         assert_eq!(t.set(&a, vec![spec])[0].placeholder, p);
-        assert!(t.update_value(&a, "api", "v3".into()));
+        assert!(t.update_value(&a, "api", &"v3".into()));
         let mut h = head("api.openai.com", "/", &[]);
         t.rewrite(&a, Some("api.openai.com"), &mut h);
         assert_eq!(header(&h, "authorization"), [b"Bearer v3".as_slice()]);
-        assert!(!t.update_value(&a, "nope", "x".into()));
+        assert!(!t.update_value(&a, "nope", &"x".into()));
     }
 
     #[test]

@@ -1,0 +1,63 @@
+//! TLS interception (E13, E14): for a host one of the agent's secret rules covers, the gateway terminates
+//! the sandbox's TLS with a leaf minted by the installation's CA, serves HTTP/1.1 or HTTP/2 (by ALPN) on
+//! it, and forwards each request, injected, over verified TLS to the real upstream. Every other host is
+//! spliced untouched; this module never sees it.
+
+use std::sync::Arc;
+
+use agenthold_core::AgentId;
+use agenthold_core::policy::Verdict;
+use futures_util::future::BoxFuture;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
+
+use crate::gateway::Shared;
+use crate::http::{ConnCtx, Mode, Proto};
+use crate::log::{LogEntry, LogKind};
+
+/// Whether connections from `agent` to `host` are intercepted: the gateway has a CA and the injector
+/// names the host.
+pub(crate) fn wanted(gw: &Shared, agent: &AgentId, host: &str) -> bool {
+    gw.tls_server.is_some() && gw.injector.as_ref().is_some_and(|i| i.intercepts(agent, host))
+}
+
+/// Terminate TLS on `io` (positioned at the ClientHello) as `sni` and serve the requests on it.
+///
+/// Boxed: requests served here can open CONNECT tunnels that are intercepted in turn, and the compiler
+/// needs the recursion to go through a named `Send` future.
+pub(crate) fn serve<IO>(
+    gw: Arc<Shared>,
+    agent: AgentId,
+    io: IO,
+    sni: String,
+    port: u16,
+    cancel: CancellationToken,
+) -> BoxFuture<'static, ()>
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    Box::pin(serve_tls(gw, agent, io, sni, port, cancel))
+}
+
+async fn serve_tls<IO>(gw: Arc<Shared>, agent: AgentId, io: IO, sni: String, port: u16, cancel: CancellationToken)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Some(config) = gw.tls_server.clone() else { return };
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(io);
+    let tls = match tokio::time::timeout(gw.timeouts.sniff, accept).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => return handshake_failed(&gw, &agent, &sni, port, &format!("client TLS handshake: {e}")),
+        Err(_) => return handshake_failed(&gw, &agent, &sni, port, "client TLS handshake timed out"),
+    };
+    let proto = if tls.get_ref().1.alpn_protocol() == Some(b"h2") { Proto::Http2 } else { Proto::Http1 };
+    let ctx = Arc::new(ConnCtx { gw, agent, mode: Mode::Intercepted { sni, port }, cancel });
+    crate::http::serve(ctx, tls, proto).await;
+}
+
+/// Log a client that did not complete the handshake (typically: it does not trust the CA).
+fn handshake_failed(gw: &Shared, agent: &AgentId, sni: &str, port: u16, why: &str) {
+    let mut entry = LogEntry::new(agent, LogKind::Tls, Verdict::Allowed).to(sni, port);
+    entry.fail(why);
+    gw.log.record(entry);
+}
