@@ -28,6 +28,9 @@ pub(crate) struct JailArgs {
     /// File to bind over /etc/resolv.conf.
     #[arg(long)]
     resolv: PathBuf,
+    /// CA bundle (system roots plus the gateway's CA) to put over the system trust store, read-only.
+    #[arg(long)]
+    ca_bundle: Option<PathBuf>,
     /// Run as this user id (the sudo caller), instead of staying root without capabilities.
     #[arg(long)]
     uid: Option<u32>,
@@ -52,7 +55,14 @@ pub(crate) fn exec(args: &JailArgs) -> Result<std::convert::Infallible> {
         .context("make mounts private")?;
     let resolv_target = std::fs::canonicalize("/etc/resolv.conf").unwrap_or_else(|_| "/etc/resolv.conf".into());
     hide_run()?;
-    bind_resolv(&args.resolv, &resolv_target)?;
+    bind_read_only(&args.resolv, &resolv_target)?;
+    if let Some(bundle) = &args.ca_bundle
+        && Path::new(crate::run::SYSTEM_BUNDLE).exists()
+    {
+        let target = std::fs::canonicalize(crate::run::SYSTEM_BUNDLE)
+            .unwrap_or_else(|_| crate::run::SYSTEM_BUNDLE.into());
+        bind_read_only(bundle, &target)?;
+    }
     if let Some(gid) = args.gid {
         setgroups(&[Gid::from_raw(gid)]).context("setgroups")?;
         setgid(Gid::from_raw(gid)).context("setgid")?;
@@ -86,9 +96,9 @@ fn hide_run() -> Result<()> {
     .context("mount a tmpfs over /run")
 }
 
-/// Put the gateway's resolver configuration at `target` (the real path behind /etc/resolv.conf, which may
-/// be a symlink into /run), read-only.
-fn bind_resolv(source: &Path, target: &Path) -> Result<()> {
+/// Put `source` at `target` read-only (the gateway's resolv.conf at the real path behind /etc/resolv.conf,
+/// which may be a symlink into /run; the CA bundle over the system trust store).
+fn bind_read_only(source: &Path, target: &Path) -> Result<()> {
     if !target.exists() {
         // The target lived under the /run we just hid: recreate its path on the new tmpfs.
         if let Some(parent) = target.parent() {
@@ -105,7 +115,7 @@ fn bind_resolv(source: &Path, target: &Path) -> Result<()> {
         MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
         None::<&str>,
     )
-    .context("make resolv.conf read-only")
+    .with_context(|| format!("make {} read-only", target.display()))
 }
 
 /// Empty the bounding, ambient and inheritable sets, so no later exec can gain a capability. Done while

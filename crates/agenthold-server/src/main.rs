@@ -7,6 +7,7 @@
 
 mod jail;
 mod run;
+mod secrets_file;
 
 use clap::{Parser, Subcommand};
 

@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agenthold_core::policy::{NetworkPolicy, PolicyEntry, PolicyMode, PolicyTable};
+use agenthold_core::secret::{SecretSpec, SecretTable};
 use agenthold_core::{AgentId, Config};
+use agenthold_egress::CertificateAuthority;
 use agenthold_egress::gateway::{AgentSockets, Dangerous, Gateway};
 use agenthold_egress::netns::NetNs;
 use agenthold_egress::nft::{AgentAttachment, GatewayRules, Ports};
@@ -55,6 +57,9 @@ pub(crate) struct RunArgs {
     /// TESTS ONLY: trust this PEM certificate for upstream TLS, in addition to the system's roots.
     #[arg(long, value_name = "PEM")]
     dangerous_upstream_ca: Option<PathBuf>,
+    /// Secrets to inject (YAML list; see docs/secrets.md). The command sees placeholders only.
+    #[arg(long, value_name = "FILE")]
+    secrets: Option<PathBuf>,
     /// The command to run and its arguments.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
@@ -80,6 +85,7 @@ fn parse_dns_upstream(s: &str) -> Result<SocketAddr> {
 /// Everything checked before touching the system.
 struct Plan {
     policy: NetworkPolicy,
+    secrets: Vec<SecretSpec>,
     dangerous: Dangerous,
     config: Config,
     data_dir: PathBuf,
@@ -98,6 +104,10 @@ fn plan(args: &RunArgs) -> Result<Plan> {
         Some(p) => Some(std::fs::read(p).with_context(|| format!("--dangerous-upstream-ca {}", p.display()))?),
         None => None,
     };
+    let secrets = match &args.secrets {
+        Some(path) => crate::secrets_file::load(path)?,
+        None => Vec::new(),
+    };
     let config = Config::load(None)?;
     let data_dir = match &args.data_dir {
         Some(d) => d.clone(),
@@ -109,6 +119,7 @@ fn plan(args: &RunArgs) -> Result<Plan> {
     };
     Ok(Plan {
         policy: NetworkPolicy { mode, entries },
+        secrets,
         dangerous: Dangerous { connect_to, upstream_ca_pem },
         config,
         data_dir,
@@ -153,9 +164,14 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
     let agent = AgentId::new("run").context("agent id")?;
     let policies = Arc::new(PolicyTable::new());
     policies.set(agent.clone(), plan.policy);
+    let ca = Arc::new(CertificateAuthority::load_or_create(&plan.data_dir.join("egress"))?);
+    let secrets = Arc::new(SecretTable::new(plan.config.egress.leak_guard));
+    let placeholders = secrets.set(&agent, plan.secrets);
     let gateway = Gateway::builder()
         .config(&plan.config.egress)?
         .policy(policies)
+        .injector(secrets)
+        .certificate_authority(Arc::clone(&ca))
         .dns_upstream(plan.dns_upstream)
         .dangerous(plan.dangerous)
         .build()?;
@@ -171,9 +187,11 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
     };
     gateway.attach(&agent, sockets)?;
 
-    let resolv = net.dir(&run_dir)?.join("resolv.conf");
+    let files = net.dir(&run_dir)?;
+    let resolv = files.join("resolv.conf");
     std::fs::write(&resolv, format!("nameserver {GATEWAY_ADDR}\noptions timeout:2 attempts:2\n"))
         .with_context(|| format!("write {}", resolv.display()))?;
+    let bundle = write_ca_bundle(&files, &ca)?;
     let proxy = format!("http://{GATEWAY_ADDR}:{}", ports.explicit);
     let mut env = BTreeMap::new();
     for key in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
@@ -182,7 +200,15 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
     for key in ["NO_PROXY", "no_proxy"] {
         env.insert(key.to_owned(), "localhost,127.0.0.1,::1".to_owned());
     }
-    let status = run_jailed(&net.sandbox, &resolv, &args.command, &env).await?;
+    for key in CA_ENV {
+        env.insert(key.to_owned(), bundle.display().to_string());
+    }
+    for p in placeholders {
+        if let Some(var) = p.env {
+            env.insert(var, p.placeholder);
+        }
+    }
+    let status = run_jailed(&net.sandbox, &resolv, &bundle, &args.command, &env).await?;
 
     // Let connections the command left open close and get logged, then stop.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -195,16 +221,36 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
     Ok(exit_code(status))
 }
 
+/// Environment variables that point TLS clients at the CA bundle (E14).
+const CA_ENV: [&str; 6] =
+    ["SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "AWS_CA_BUNDLE"];
+
+/// The system's roots plus the installation's CA, for the command to trust.
+fn write_ca_bundle(dir: &Path, ca: &CertificateAuthority) -> Result<PathBuf> {
+    let mut bundle = std::fs::read(SYSTEM_BUNDLE).unwrap_or_default();
+    if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+        bundle.push(b'\n');
+    }
+    bundle.extend_from_slice(ca.cert_pem().as_bytes());
+    let path = dir.join("ca-bundle.pem");
+    std::fs::write(&path, bundle).with_context(|| format!("write {}", path.display()))?;
+    Ok(path)
+}
+
+/// Where Debian-family systems keep the trust store the jail replaces with the bundle.
+pub(crate) const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
 /// Run `command` in the jail with `env` added; forward SIGINT, SIGTERM and SIGHUP to it.
 async fn run_jailed(
     sandbox: &NetNs,
     resolv: &Path,
+    bundle: &Path,
     command: &[String],
     env: &BTreeMap<String, String>,
 ) -> Result<ExitStatus> {
     let exe = std::env::current_exe().context("find the agenthold executable")?;
     let mut cmd = tokio::process::Command::new(exe);
-    cmd.arg("__jail").arg("--netns").arg(sandbox.path()).arg("--resolv").arg(resolv);
+    cmd.arg("__jail").arg("--netns").arg(sandbox.path()).arg("--resolv").arg(resolv).arg("--ca-bundle").arg(bundle);
     if let Some((uid, gid)) = sudo_caller() {
         cmd.arg("--uid").arg(uid.to_string()).arg("--gid").arg(gid.to_string());
     }
