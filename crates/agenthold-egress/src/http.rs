@@ -23,7 +23,7 @@ use crate::dial::DialError;
 use crate::gateway::{Shared, Target};
 use crate::io::{SpliceEnd, splice};
 use crate::log::{LogEntry, LogKind, PendingEntry};
-use crate::upstream::{LoggedBody, ProxyBody, strip_hop_by_hop, upstream_request};
+use crate::upstream::{LoggedBody, ProxyBody, counted, strip_hop_by_hop, upstream_request};
 
 /// Largest request head accepted from a sandbox (hyper's read buffer cap for HTTP/1, header list cap for
 /// HTTP/2).
@@ -180,10 +180,19 @@ async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<ProxyBody
         Verdict::Reported(reason) => entry.reason = Some(format!("report_only:{reason}")),
         Verdict::Allowed => {}
     }
-    if let Err((status, why)) = inject(ctx, tls_host, &target, &mut req, &mut entry) {
-        return refuse(gw, entry, status, &why);
+    match inject(ctx, tls_host, &target, &mut req, &mut entry) {
+        Err((status, why)) => refuse(gw, entry, status, &why),
+        Ok(Injected::Refresh(secret)) => crate::refresh::answer(ctx, req, &target, port, &secret, entry).await,
+        Ok(Injected::Forward) => forward(ctx, req, &target, port, entry).await,
     }
-    forward(ctx, req, &target, port, entry).await
+}
+
+/// What to do with a request once the injector has seen it.
+enum Injected {
+    /// Forward it (rewritten or not).
+    Forward,
+    /// Answer it as a token refresh of this secret.
+    Refresh(String),
 }
 
 /// Pass the request head through the secret injector. `Err` is the answer to give instead of forwarding
@@ -194,9 +203,9 @@ fn inject(
     target: &Target,
     req: &mut Request<Incoming>,
     entry: &mut LogEntry,
-) -> Result<(), (StatusCode, String)> {
+) -> Result<Injected, (StatusCode, String)> {
     let Some(injector) = ctx.gw.injector.as_ref().filter(|i| i.has_secrets(&ctx.agent)) else {
-        return Ok(());
+        return Ok(Injected::Forward);
     };
     let mut head = RequestHead {
         method: req.method().as_str().to_owned(),
@@ -211,12 +220,17 @@ fn inject(
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN);
             Err((status, reason.as_str().to_owned()))
         }
+        InjectOutcome::Refresh { secret } if tls_host.is_some() => Ok(Injected::Refresh(secret)),
+        InjectOutcome::Refresh { .. } => {
+            entry.deny(DenyReason::PlaceholderLeak);
+            Err((StatusCode::FORBIDDEN, "token refreshes are answered over TLS only".to_owned()))
+        }
         InjectOutcome::Forward { injected, leaked } => {
             if !leaked.is_empty() {
                 entry.reason = Some(format!("{}:{} (logged only)", DenyReason::PlaceholderLeak, leaked.join(",")));
             }
             if injected.is_empty() {
-                return Ok(());
+                return Ok(Injected::Forward);
             }
             apply_head(req, head).map_err(|why| {
                 entry.fail(format!("injection: {why}"));
@@ -224,7 +238,7 @@ fn inject(
             })?;
             entry.secret_injected = true;
             entry.secret = Some(injected.join(","));
-            Ok(())
+            Ok(Injected::Forward)
         }
     }
 }
@@ -253,7 +267,8 @@ async fn forward(ctx: &ConnCtx, mut req: Request<Incoming>, target: &Target, por
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
     let mut pending = PendingEntry::new(&gw.log, entry);
     let (parts, body) = req.into_parts();
-    let upstream_req = match upstream_request(parts, body, scheme, target, port, wants_upgrade, &pending.counters) {
+    let body = counted(body, &pending.counters);
+    let upstream_req = match upstream_request(parts, body, scheme, target, port, wants_upgrade) {
         Ok(r) => r,
         Err(problem) => {
             pending.entry.deny(DenyReason::Malformed);
@@ -324,7 +339,7 @@ pub(crate) fn refuse(gw: &Shared, mut entry: LogEntry, status: StatusCode, why: 
 }
 
 /// [`refuse`] for an entry that is already pending (it is recorded when `pending` drops, here).
-fn refuse_pending(mut pending: PendingEntry, status: StatusCode, why: &str) -> Response<ProxyBody> {
+pub(crate) fn refuse_pending(mut pending: PendingEntry, status: StatusCode, why: &str) -> Response<ProxyBody> {
     pending.entry.status = Some(status.as_u16());
     drop(pending);
     answer(status, why)

@@ -24,6 +24,7 @@ pub mod guard;
 mod http;
 mod intercept;
 mod io;
+mod refresh;
 pub mod log;
 pub mod netns;
 pub mod nft;

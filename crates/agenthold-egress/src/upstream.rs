@@ -145,12 +145,11 @@ impl tower_service::Service<Uri> for Connector {
 /// (the pool speaks h2 itself when the upstream negotiated it), body counted.
 pub(crate) fn upstream_request(
     mut parts: http::request::Parts,
-    body: Incoming,
+    body: ProxyBody,
     scheme: &str,
     target: &Target,
     port: u16,
     keep_upgrade: bool,
-    counters: &Arc<Counters>,
 ) -> Result<Request<ProxyBody>, &'static str> {
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let default_port = if scheme == "https" { 443 } else { 80 };
@@ -166,8 +165,12 @@ pub(crate) fn upstream_request(
     if !parts.headers.contains_key(header::HOST) {
         parts.headers.insert(header::HOST, HeaderValue::from_str(&authority).map_err(|_| "bad host")?);
     }
-    let body = CountedBody { inner: body, counters: Arc::clone(counters) };
-    Ok(Request::from_parts(parts, body.boxed()))
+    Ok(Request::from_parts(parts, body))
+}
+
+/// A sandbox's request body, counted into `counters` as it streams upstream.
+pub(crate) fn counted(body: Incoming, counters: &Arc<Counters>) -> ProxyBody {
+    CountedBody { inner: body, counters: Arc::clone(counters) }.boxed()
 }
 
 /// Remove hop-by-hop headers (RFC 9110 §7.6.1), and the headers `Connection` names; keep `Connection:

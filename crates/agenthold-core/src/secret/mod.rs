@@ -4,7 +4,7 @@
 
 mod table;
 
-pub use table::{Placeholder, SecretTable};
+pub use table::{OnUpdate, Placeholder, SecretTable};
 
 use std::fmt;
 
@@ -74,6 +74,16 @@ pub enum RuleKind {
         /// URL path prefixes the rule is limited to.
         path_prefixes: Vec<String>,
     },
+    /// Token refresh (E15): this secret is an OAuth refresh token. A `POST` to `path` on the rule's hosts is
+    /// answered by the gateway itself: it sends the refresh upstream with the real refresh token, keeps the
+    /// new tokens (this secret and `access_secret` are updated), and hands the sandbox placeholders only.
+    /// The refresh token never leaves the gateway.
+    TokenRefresh {
+        /// Path of the provider's token endpoint (`/oauth/token`).
+        path: String,
+        /// Name of the agent's secret that holds the access token this refresh renews.
+        access_secret: String,
+    },
 }
 
 /// Where and how a secret may be injected.
@@ -122,6 +132,20 @@ impl SecretRule {
         Ok(Self {
             hosts: parse_rule_hosts(hosts)?,
             kind: RuleKind::Login { header: parse_header_name(header)?, path_prefixes },
+        })
+    }
+
+    /// A token-refresh rule (see [`RuleKind::TokenRefresh`]).
+    ///
+    /// # Errors
+    /// As [`SecretRule::header`]; the path must start with `/`.
+    pub fn token_refresh<S: AsRef<str>>(hosts: &[S], path: &str, access_secret: &str) -> Result<Self, Error> {
+        if !path.starts_with('/') {
+            return Err(bad_rule(format!("token path {path:?} must start with '/'")));
+        }
+        Ok(Self {
+            hosts: parse_rule_hosts(hosts)?,
+            kind: RuleKind::TokenRefresh { path: path.to_owned(), access_secret: access_secret.to_owned() },
         })
     }
 
@@ -353,6 +377,12 @@ pub enum InjectOutcome {
         /// leak guard only logs.
         leaked: Vec<String>,
     },
+    /// The request is a token refresh the gateway answers itself (see [`RuleKind::TokenRefresh`]), for
+    /// this refresh-token secret.
+    Refresh {
+        /// Name of the refresh-token secret.
+        secret: String,
+    },
     /// Refuse the request with this HTTP status.
     Refuse {
         /// HTTP status to answer (403, 421).
@@ -378,6 +408,26 @@ pub trait SecretInjector: Send + Sync {
     fn intercepts(&self, agent: &AgentId, host: &str) -> bool;
     /// Rewrite one request head.
     fn rewrite(&self, agent: &AgentId, tls_host: Option<&str>, head: &mut RequestHead) -> InjectOutcome;
+
+    /// For a refresh `rewrite` announced with [`InjectOutcome::Refresh`]: the body to send upstream, with
+    /// the refresh placeholder replaced by the real token (encoded for `content_type`); `None` refuses the
+    /// request (no placeholder in it, or no such secret). The default refuses every refresh.
+    fn refresh_request(
+        &self,
+        _agent: &AgentId,
+        _secret: &str,
+        _content_type: &str,
+        _body: &[u8],
+    ) -> Option<zeroize::Zeroizing<Vec<u8>>> {
+        None
+    }
+
+    /// The upstream answered a refresh successfully with `body` (JSON): keep the new tokens and return the
+    /// body the sandbox gets, tokens replaced by placeholders; `None` when the body cannot be made safe
+    /// (then the sandbox gets an error). The default refuses.
+    fn refresh_response(&self, _agent: &AgentId, _secret: &str, _body: &[u8]) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 #[cfg(test)]

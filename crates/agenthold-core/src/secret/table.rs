@@ -12,9 +12,10 @@ use std::fmt::Write as _;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use memchr::memmem;
+use zeroize::Zeroizing;
 
 use super::{
-    InjectOutcome, PLACEHOLDER_PREFIX, RequestHead, RuleKind, SecretInjector, SecretSpec, SecretValue,
+    header_value_problem, InjectOutcome, PLACEHOLDER_PREFIX, RequestHead, RuleKind, SecretInjector, SecretSpec, SecretValue,
     new_placeholder,
 };
 use crate::config::LeakGuard;
@@ -38,18 +39,37 @@ struct Attached {
     placeholder: String,
 }
 
+/// Called with `(agent, secret name, new value)` when a token refresh renews a secret, so the owner can
+/// persist it (in the vault).
+pub type OnUpdate = Box<dyn Fn(&AgentId, &str, &SecretValue) + Send + Sync>;
+
 /// The default [`SecretInjector`]. Cheap to share (`Arc`); every method takes `&self`.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct SecretTable {
     agents: RwLock<HashMap<AgentId, Arc<Vec<Attached>>>>,
     leak_guard: LeakGuard,
+    on_update: Option<OnUpdate>,
+}
+
+impl std::fmt::Debug for SecretTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let agents = self.agents.read().unwrap_or_else(PoisonError::into_inner).len();
+        f.debug_struct("SecretTable").field("agents", &agents).field("leak_guard", &self.leak_guard).finish()
+    }
 }
 
 impl SecretTable {
     /// An empty table with the given leak-guard behaviour.
     #[must_use]
     pub fn new(leak_guard: LeakGuard) -> Self {
-        Self { agents: RwLock::default(), leak_guard }
+        Self { agents: RwLock::default(), leak_guard, on_update: None }
+    }
+
+    /// Call `on_update` whenever a token refresh renews one of an agent's secrets.
+    #[must_use]
+    pub fn with_on_update(mut self, on_update: OnUpdate) -> Self {
+        self.on_update = Some(on_update);
+        self
     }
 
     /// Attach `secrets` to `agent`, replacing what it had. A secret that keeps its name keeps its
@@ -189,6 +209,12 @@ impl SecretInjector for SecretTable {
             // A request for another host on a connection opened for a rule host: no secret goes with it.
             return InjectOutcome::Refuse { status: 421, reason: DenyReason::HostMismatch, secret: None };
         }
+        if tls_host.is_some()
+            && head.method == "POST"
+            && let Some(s) = refresh_secret(&secrets, &head.host, &head.path_and_query)
+        {
+            return InjectOutcome::Refresh { secret: s.spec.name.clone() };
+        }
         // The leak guard: a placeholder heading anywhere its secret may not go.
         let mut leaked = Vec::new();
         if mentions_placeholders(head) {
@@ -226,6 +252,7 @@ impl SecretInjector for SecretTable {
                         path_allowed(&head.path_and_query, path_prefixes)
                             && replace_in_header(head, header, &s.placeholder, s.spec.value.expose())
                     }
+                    RuleKind::TokenRefresh { .. } => false,
                 };
                 if did && !injected.contains(&s.spec.name) {
                     injected.push(s.spec.name.clone());
@@ -234,6 +261,74 @@ impl SecretInjector for SecretTable {
         }
         InjectOutcome::Forward { injected, leaked }
     }
+
+    fn refresh_request(
+        &self,
+        agent: &AgentId,
+        secret: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> Option<Zeroizing<Vec<u8>>> {
+        let secrets = self.get(agent)?;
+        let s = secrets.iter().find(|s| s.spec.name == secret)?;
+        let value = s.spec.value.expose();
+        let encoded: Zeroizing<Vec<u8>> = if content_type.contains("json") {
+            Zeroizing::new(json_string_body(value)?)
+        } else if content_type.contains("x-www-form-urlencoded") {
+            Zeroizing::new(percent_encode(value).into_bytes())
+        } else {
+            Zeroizing::new(value.to_vec())
+        };
+        replace_all(body, s.placeholder.as_bytes(), &encoded).map(Zeroizing::new)
+    }
+
+    fn refresh_response(&self, agent: &AgentId, secret: &str, body: &[u8]) -> Option<Vec<u8>> {
+        let secrets = self.get(agent)?;
+        let refresh = secrets.iter().find(|s| s.spec.name == secret)?;
+        let access_name = refresh.spec.rules.iter().find_map(|r| match &r.kind {
+            RuleKind::TokenRefresh { access_secret, .. } => Some(access_secret.as_str()),
+            _ => None,
+        })?;
+        let access = secrets.iter().find(|s| s.spec.name == access_name)?;
+        let mut json: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let object = json.as_object_mut()?;
+        let mut updates = Vec::new();
+        for (field, attached) in [("refresh_token", refresh), ("access_token", access)] {
+            if let Some(v) = object.get_mut(field) {
+                let token = v.as_str()?;
+                updates.push((attached.spec.name.clone(), SecretValue::from(token)));
+                *v = serde_json::Value::String(attached.placeholder.clone());
+            }
+        }
+        let sanitized = serde_json::to_vec(&json).ok()?;
+        for (name, value) in updates {
+            if header_value_problem(value.expose()).is_some() {
+                return None;
+            }
+            self.update_value(agent, &name, &value);
+            if let Some(on_update) = &self.on_update {
+                on_update(agent, &name, &value);
+            }
+        }
+        Some(sanitized)
+    }
+}
+
+/// The agent's refresh-token secret whose rule covers this host and exactly this path, if any.
+fn refresh_secret<'a>(secrets: &'a [Attached], host: &str, path_and_query: &str) -> Option<&'a Attached> {
+    let path = path_and_query.split('?').next().unwrap_or_default();
+    secrets.iter().find(|s| {
+        s.spec.rules.iter().any(|r| {
+            r.covers(host) && matches!(&r.kind, RuleKind::TokenRefresh { path: p, .. } if p == path)
+        })
+    })
+}
+
+/// `value` as the inside of a JSON string (quotes not included).
+fn json_string_body(value: &[u8]) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(value).ok()?;
+    let quoted = serde_json::to_vec(text).ok()?;
+    quoted.get(1..quoted.len().saturating_sub(1)).map(<[u8]>::to_vec)
 }
 
 /// Set `name` to `value`, replacing every existing value of it.
@@ -388,6 +483,46 @@ mod tests {
         let mut h = head("chatgpt.com", "/other", &[("authorization", &auth)]);
         t.rewrite(&a, Some("chatgpt.com"), &mut h);
         assert_eq!(header(&h, "authorization"), [auth.as_bytes()], "outside the paths");
+    }
+
+    // covers: E15
+    #[test]
+    fn token_refresh_keeps_real_tokens_on_the_gateway() {
+        let updates = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = Arc::clone(&updates);
+        let t = SecretTable::new(LeakGuard::Block).with_on_update(Box::new(move |_, name, value| {
+            seen.lock().unwrap().push((name.to_owned(), value.expose().to_vec()));
+        }));
+        let a = AgentId::new("a").unwrap();
+        let access_rule = SecretRule::login(&["chatgpt.com"], "authorization", &["/backend-api/"]).unwrap();
+        let refresh_rule = SecretRule::token_refresh(&["auth.openai.com"], "/oauth/token", "access").unwrap();
+        let ph = t.set(
+            &a,
+            vec![
+                SecretSpec::new("access", "at-1".into(), Some("ACCESS"), vec![access_rule]).unwrap(),
+                SecretSpec::new("refresh", "rt-1".into(), Some("REFRESH"), vec![refresh_rule]).unwrap(),
+            ],
+        );
+        let (access_ph, refresh_ph) = (ph[0].placeholder.clone(), ph[1].placeholder.clone());
+        let mut h = head("auth.openai.com", "/oauth/token", &[]);
+        h.method = "POST".into();
+        assert_eq!(t.rewrite(&a, Some("auth.openai.com"), &mut h), InjectOutcome::Refresh { secret: "refresh".into() });
+        let body = format!(r#"{{"grant_type":"refresh_token","refresh_token":"{refresh_ph}"}}"#);
+        let up = t.refresh_request(&a, "refresh", "application/json", body.as_bytes()).unwrap();
+        assert_eq!(&up[..], br#"{"grant_type":"refresh_token","refresh_token":"rt-1"}"#);
+        assert!(t.refresh_request(&a, "refresh", "application/json", b"{}").is_none());
+        let answer = br#"{"access_token":"at-2","refresh_token":"rt-2","id_token":"id","expires_in":3600}"#;
+        let out: serde_json::Value = serde_json::from_slice(&t.refresh_response(&a, "refresh", answer).unwrap()).unwrap();
+        assert_eq!(out["access_token"], access_ph.as_str());
+        assert_eq!(out["refresh_token"], refresh_ph.as_str());
+        assert_eq!(out["id_token"], "id");
+        let seen = updates.lock().unwrap().clone();
+        assert!(seen.contains(&("access".into(), b"at-2".to_vec())) && seen.contains(&("refresh".into(), b"rt-2".to_vec())));
+        let mut h = head("chatgpt.com", "/backend-api/me", &[("authorization", &format!("Bearer {access_ph}"))]);
+        t.rewrite(&a, Some("chatgpt.com"), &mut h);
+        assert_eq!(header(&h, "authorization"), [b"Bearer at-2".as_slice()]);
+        let up = t.refresh_request(&a, "refresh", "application/x-www-form-urlencoded", format!("refresh_token={refresh_ph}").as_bytes());
+        assert_eq!(&up.unwrap()[..], b"refresh_token=rt-2");
     }
 
     #[test]
