@@ -18,6 +18,12 @@
 //!   header: Authorization
 //!   login: true
 //!   paths: [/backend-api/]
+//! - name: chatgpt-refresh         # token refresh: the gateway answers POST token_path itself
+//!   value_env: CHATGPT_REFRESH
+//!   env: CHATGPT_REFRESH
+//!   hosts: [auth.openai.com]
+//!   token_path: /oauth/token
+//!   access_secret: chatgpt        # the secret whose value a refresh renews
 //! ```
 
 use std::path::Path;
@@ -41,6 +47,8 @@ struct Entry {
     login: bool,
     #[serde(default)]
     paths: Vec<String>,
+    token_path: Option<String>,
+    access_secret: Option<String>,
 }
 
 /// Read and validate a secrets file; values come from the file or from the named environment variables of
@@ -70,6 +78,17 @@ fn spec(e: Entry, env: &impl Fn(&str) -> Option<String>) -> Result<SecretSpec> {
         SecretSpec::preset(&name, Preset::from_name(preset)?, value, e.env.as_deref())?
     } else {
         let hosts = e.hosts.with_context(|| format!("secret {name:?}: `hosts` is required without a preset"))?;
+        if let Some(path) = &e.token_path {
+            let access = e
+                .access_secret
+                .as_deref()
+                .with_context(|| format!("secret {name:?}: `token_path` needs `access_secret`"))?;
+            if e.header.is_some() || e.template.is_some() || e.login || !e.paths.is_empty() {
+                bail!("secret {name:?}: a token refresh takes hosts, token_path and access_secret only");
+            }
+            let rule = SecretRule::token_refresh(&hosts, path, access).with_context(|| format!("secret {name:?}"))?;
+            return Ok(SecretSpec::new(&name, value, e.env.as_deref(), vec![rule])?);
+        }
         let header = e.header.with_context(|| format!("secret {name:?}: `header` is required without a preset"))?;
         let rule = if e.login {
             if e.template.is_some() {
@@ -116,9 +135,14 @@ mod tests {
   header: authorization
   login: true
   paths: [/backend-api/]
+- name: refresh
+  value: r
+  hosts: [auth.openai.com]
+  token_path: /oauth/token
+  access_secret: login
 "#;
         let specs = parse(text, env).unwrap();
-        assert_eq!(specs.len(), 3);
+        assert_eq!(specs.len(), 4);
         assert_eq!(specs[0].value.expose(), b"from-env");
         assert_eq!(specs[0].env.as_deref(), Some("API_KEY"));
         assert!(specs[1].covers("github.com") && specs[1].covers("api.github.com"));
