@@ -9,7 +9,7 @@ use crate::policy::NetworkPolicy;
 use crate::secret::SecretSpec;
 
 /// Everything needed to create an agent's sandbox.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxSpec {
     /// Container image (default `agenthold/dev:latest`).
@@ -39,6 +39,22 @@ pub struct SandboxSpec {
     /// Labels to put on the sandbox's engine objects, in addition to agenthold's own.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+}
+
+impl Default for SandboxSpec {
+    fn default() -> Self {
+        Self {
+            image: default_image(),
+            env: BTreeMap::new(),
+            cpus: None,
+            memory_bytes: None,
+            pids: None,
+            policy: NetworkPolicy::default(),
+            secrets: Vec::new(),
+            runtime: None,
+            labels: BTreeMap::new(),
+        }
+    }
 }
 
 fn default_image() -> String {

@@ -148,8 +148,23 @@ impl CertificateAuthority {
 }
 
 /// Generate a CA and write it: the key with mode 0600 from the first byte, the certificate world-readable.
+/// Several processes starting at once on a fresh data directory agree on one CA: creation happens under an
+/// exclusive lock on `ca.lock`, and whoever gets it second finds the CA made.
 fn create(dir: &Path, cert_path: &Path, key_path: &Path) -> Result<()> {
     fs::create_dir_all(dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    let lock_path = dir.join("ca.lock");
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(|e| Error::io(format!("open {}", lock_path.display()), e))?;
+    let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| Error::io(format!("lock {}", lock_path.display()), e.into()))?;
+    if key_path.exists() {
+        return Ok(());
+    }
     let key = KeyPair::generate().map_err(tls_error)?;
     let mut params = CertificateParams::default();
     let mut name = DistinguishedName::new();
@@ -163,7 +178,8 @@ fn create(dir: &Path, cert_path: &Path, key_path: &Path) -> Result<()> {
     params.not_after = now + time::Duration::days(CA_VALIDITY_DAYS);
     let cert = params.self_signed(&key).map_err(tls_error)?;
     let write = |path: &Path, bytes: &[u8], mode: u32| -> Result<()> {
-        let tmp = path.with_extension("tmp");
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
         let _ = fs::remove_file(&tmp);
         let mut f = OpenOptions::new()
             .write(true)

@@ -1,7 +1,21 @@
 //! Sandboxes wired to the egress gateway (E1, E2, E12, E14, S1, S2, S4, S12, P1).
 //!
-//! It will own: the Docker runtime over bollard, per-agent internal networks and volumes, the gateway's
-//! network namespace, `sandboxd` (tunnel client, CA install, gateway holder), the tunnel server, image builds
-//! without a registry, and `Runtime`: the embeddable composition of a sandbox runtime, the gateway, a secret
-//! injector and a store that the server and the Python bindings share.
+//! - [`image`]: images built without a registry (`agenthold/dev`, the sandboxd image).
 #![forbid(unsafe_code)]
+
+mod archive;
+pub mod docker;
+pub mod engine;
+mod error;
+pub mod holder;
+pub mod hostfw;
+pub mod image;
+pub mod network;
+mod runtime;
+pub mod tunnel;
+
+pub use docker::{DockerConfig, DockerSandbox};
+pub use engine::Engine;
+pub use runtime::{Runtime, RuntimeBuilder};
+
+pub use error::{Error, Result};

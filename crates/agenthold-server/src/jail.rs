@@ -1,26 +1,58 @@
-//! The jail `agenthold run` puts a command in. `agenthold` re-executes itself as `agenthold __jail …`; that
-//! process enters the sandbox network namespace, makes its own mount namespace, hides host sockets, puts the
-//! gateway's resolv.conf in place, drops every capability (bounding set included), sets `no_new_privs`,
-//! becomes the invoking user when started through sudo, and finally `exec`s the command.
+//! The jail `agenthold run` puts a command in. Two re-executions of `agenthold`, so that all of it stays in
+//! safe Rust (no `pre_exec` closure) and in short, linear functions:
 //!
-//! Re-executing keeps all of this in safe Rust (no `pre_exec` closure) and in one small, linear function.
+//! 1. `agenthold __jail …` enters the sandbox network namespace, makes its own mount and PID namespaces,
+//!    hides host sockets under `/run`, puts the gateway's resolv.conf and the CA bundle in place, starts
+//!    stage 2 and forwards signals to it.
+//! 2. `agenthold __jail-init …` is PID 1 of the new PID namespace: it mounts a `/proc` that shows only the
+//!    jail (kernel settings read-only), drops every capability (bounding set included), becomes the sudo
+//!    caller when there is one (otherwise it stays uid 0 without any capability), sets
+//!    `no_new_privs`, starts the command, forwards signals to it, reaps orphans, and exits with the
+//!    command's status. When PID 1 exits the kernel kills everything left in the namespace, so nothing the
+//!    command started in the background outlives the run.
+//!
 //! What the command can no longer do: `setns` back to the host's network namespace (needs CAP_SYS_ADMIN),
 //! change addresses or routes (CAP_NET_ADMIN), open raw sockets (CAP_NET_RAW), unmount or replace the
-//! resolv.conf bind (CAP_SYS_ADMIN), regain capabilities through setuid binaries (`no_new_privs`), or talk
-//! to host daemons through their Unix sockets under `/run` (hidden by a fresh tmpfs: a capability-less
-//! root could otherwise ask dockerd for a privileged container).
+//! resolv.conf bind (CAP_SYS_ADMIN), regain capabilities through setuid binaries (`no_new_privs`), change
+//! kernel settings (`/proc/sys` read-only), plant files in system directories (read-only, see
+//! [`READ_ONLY`]), read agenthold's data directory (CA and master keys) or the secrets file (hidden), see or
+//! signal host processes (own PID namespace), or talk to host daemons through their Unix sockets under
+//! `/run` (hidden by a fresh tmpfs: a root caller could otherwise ask dockerd for a privileged container).
+//!
+//! Known limit: started by root without sudo, the command is uid 0 without capabilities, so it can still
+//! write root-owned files outside the read-only directories (in `/tmp`, `/home`, the working directory).
+//! Start agenthold through sudo to run the command as yourself.
 
-use std::ffi::CString;
+use std::ffi::OsString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context, Result, bail};
 use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, setns, unshare};
-use nix::unistd::{Gid, Uid, execvp, setgid, setgroups, setuid};
+use nix::sys::signal::{SigSet, Signal, kill};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{Gid, Pid, Uid, setgid, setgroups, setuid};
+
+/// System directories the command gets read-only: a capability-less root still owns them, and files
+/// planted there (a cron job, `/etc/ld.so.preload`, a shell profile) would run with full privileges
+/// later. `/tmp`, `/var/tmp`, `/home` and the working directory stay writable.
+const READ_ONLY: &[&str] = &[
+    "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/root", "/opt", "/srv",
+    "/var/lib", "/var/spool", "/var/cache", "/var/log", "/var/mail", "/var/opt", "/var/backups", "/var/local",
+    "/sys",
+];
+/// Kernel interfaces under the jail's own /proc made read-only: a capability-less root may still write
+/// many of them (`kernel.core_pattern` would run a program as full root on the next crash).
+const PROC_READ_ONLY: &[&str] = &["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"];
+/// Where the CA bundle is inside the jail (on its private `/run`, readable by any user).
+pub(crate) const JAIL_CA_BUNDLE: &str = "/run/agenthold/ca-bundle.pem";
 
 /// Everything the jail needs, passed on the hidden command line.
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub(crate) struct JailArgs {
     /// Network namespace file to enter.
     #[arg(long)]
@@ -28,10 +60,15 @@ pub(crate) struct JailArgs {
     /// File to bind over /etc/resolv.conf.
     #[arg(long)]
     resolv: PathBuf,
-    /// CA bundle (system roots plus the gateway's CA) to put over the system trust store, read-only.
+    /// CA bundle (system roots plus the gateway's CA): copied to the jail's /run and put over the system
+    /// trust store, read-only.
     #[arg(long)]
     ca_bundle: Option<PathBuf>,
-    /// Run as this user id (the sudo caller), instead of staying root without capabilities.
+    /// Files and directories the command must not read (the data directory with the CA key and the
+    /// master key, the secrets file): directories are covered with an empty tmpfs, files with an empty file.
+    #[arg(long)]
+    hide: Vec<PathBuf>,
+    /// Run as this user id (the sudo caller); default: root without any capability.
     #[arg(long)]
     uid: Option<u32>,
     /// Run with this group id.
@@ -39,29 +76,116 @@ pub(crate) struct JailArgs {
     gid: Option<u32>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
-    command: Vec<String>,
+    command: Vec<OsString>,
 }
 
-/// Set the jail up and exec the command; returns only on failure.
-pub(crate) fn exec(args: &JailArgs) -> Result<std::convert::Infallible> {
+/// The signals agenthold forwards down the chain.
+fn forwarded() -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT] {
+        set.add(s);
+    }
+    set
+}
+
+/// Forward every signal of [`forwarded`] to the process whose pid is later stored in the returned cell,
+/// from a thread (the signals are blocked in this process, so they queue for `sigwait` instead of killing
+/// it). The thread is started before any `unshare(CLONE_NEWPID)`: afterwards a process may not create
+/// threads. Signals that arrive before the target is known are dropped (agenthold is still setting up).
+fn forward_signals() -> Result<Arc<AtomicI32>> {
+    let target = Arc::new(AtomicI32::new(0));
+    let cell = Arc::clone(&target);
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let set = forwarded();
+            while let Ok(signal) = set.wait() {
+                let pid = cell.load(Ordering::SeqCst);
+                if pid > 0 {
+                    let _ = kill(Pid::from_raw(pid), signal);
+                }
+            }
+        })
+        .context("start the signal forwarder")?;
+    Ok(target)
+}
+
+/// The exit code a shell would report for `status`.
+fn exit_code(status: WaitStatus) -> Option<i32> {
+    match status {
+        WaitStatus::Exited(_, code) => Some(code),
+        WaitStatus::Signaled(_, signal, _) => Some(128 + signal as i32),
+        _ => None,
+    }
+}
+
+/// Stage 1: namespaces and mounts, then stage 2 as PID 1 of the new PID namespace. Returns its exit code.
+pub(crate) fn stage_one(args: &JailArgs) -> Result<i32> {
     // Die with agenthold: if it is killed, nothing must keep running in the sandbox namespace.
-    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL).context("set parent-death signal")?;
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).context("set parent-death signal")?;
+    forwarded().thread_block().context("block signals")?;
+    let target = forward_signals()?;
     let ns = File::open(&args.netns).with_context(|| format!("open {}", args.netns.display()))?;
     setns(&ns, CloneFlags::CLONE_NEWNET).context("enter the sandbox network namespace")?;
     drop(ns);
-    unshare(CloneFlags::CLONE_NEWNS).context("create a mount namespace")?;
+    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID).context("create mount and PID namespaces")?;
     // Keep our mounts from propagating back to the host's mount namespace.
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .context("make mounts private")?;
     let resolv_target = std::fs::canonicalize("/etc/resolv.conf").unwrap_or_else(|_| "/etc/resolv.conf".into());
+    let system_bundle = std::fs::canonicalize(crate::run::SYSTEM_BUNDLE).ok();
     hide_run()?;
     bind_read_only(&args.resolv, &resolv_target)?;
-    if let Some(bundle) = &args.ca_bundle
-        && Path::new(crate::run::SYSTEM_BUNDLE).exists()
-    {
-        let target = std::fs::canonicalize(crate::run::SYSTEM_BUNDLE)
-            .unwrap_or_else(|_| crate::run::SYSTEM_BUNDLE.into());
-        bind_read_only(bundle, &target)?;
+    if let Some(bundle) = &args.ca_bundle {
+        std::fs::create_dir_all("/run/agenthold").context("create /run/agenthold")?;
+        std::fs::copy(bundle, JAIL_CA_BUNDLE).with_context(|| format!("copy {}", bundle.display()))?;
+        if let Some(target) = &system_bundle {
+            bind_read_only(Path::new(JAIL_CA_BUNDLE), target)?;
+        }
+    }
+    for path in &args.hide {
+        hide(path)?;
+    }
+    let cwd = std::env::current_dir().ok();
+    for dir in READ_ONLY {
+        read_only_dir(Path::new(dir), cwd.as_deref())?;
+    }
+    let exe = std::env::current_exe().context("find the agenthold executable")?;
+    let mut init = Command::new(exe);
+    init.arg("__jail-init").arg("--netns").arg(&args.netns).arg("--resolv").arg(&args.resolv);
+    if let Some(uid) = args.uid {
+        init.arg("--uid").arg(uid.to_string());
+    }
+    if let Some(gid) = args.gid {
+        init.arg("--gid").arg(gid.to_string());
+    }
+    init.arg("--").args(&args.command);
+    let mut child = init.spawn().context("start the jail's init")?;
+    target.store(i32::try_from(child.id()).context("pid out of range")?, Ordering::SeqCst);
+    let status = child.wait().context("wait for the jail's init")?;
+    use std::os::unix::process::ExitStatusExt;
+    Ok(status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1))
+}
+
+/// Stage 2: PID 1 of the jail. Drops privileges, runs the command, reaps, returns the command's code.
+pub(crate) fn stage_two(args: &JailArgs) -> Result<i32> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).context("set parent-death signal")?;
+    // Queue the forwarded signals for the forwarding thread (std started us with an empty mask).
+    forwarded().thread_block().context("block signals")?;
+    let target = forward_signals()?;
+    // A /proc for this PID namespace: the command sees its own processes, not the host's.
+    mount(
+        Some("proc"),
+        "/proc",
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .context("mount /proc for the jail")?;
+    for path in PROC_READ_ONLY {
+        if Path::new(path).exists() {
+            bind_read_only(Path::new(path), Path::new(path))?;
+        }
     }
     if let Some(gid) = args.gid {
         setgroups(&[Gid::from_raw(gid)]).context("setgroups")?;
@@ -74,26 +198,91 @@ pub(crate) fn exec(args: &JailArgs) -> Result<std::convert::Infallible> {
     }
     clear_capabilities()?;
     nix::sys::prctl::set_no_new_privs().context("set no_new_privs")?;
-    let argv: Vec<CString> =
-        args.command.iter().map(|a| CString::new(a.as_bytes())).collect::<Result<_, _>>().context("argument with NUL")?;
-    let Some(program) = argv.first() else { bail!("no command given") };
-    match execvp(program, &argv) {
-        Err(e) => bail!("cannot run {:?}: {e}", args.command[0]),
-        Ok(never) => match never {},
+    let pid = match spawn_unmasked(&args.command) {
+        Ok(pid) => pid,
+        Err(e) => {
+            eprintln!("agenthold: cannot run {:?}: {e}", args.command.first().map(|p| p.to_string_lossy()));
+            return Ok(if e == nix::errno::Errno::ENOENT { 127 } else { 126 });
+        }
+    };
+    target.store(pid.as_raw(), Ordering::SeqCst);
+    loop {
+        // Reap everything (orphans are ours as PID 1) until the command itself ends.
+        match waitpid(None, None) {
+            Ok(status) if status.pid() == Some(pid) => {
+                if let Some(code) = exit_code(status) {
+                    return Ok(code);
+                }
+            }
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => bail!("wait: {e}"),
+        }
     }
+}
+
+/// Start `argv` (looked up in `PATH`) with this process's environment, an empty signal mask and default
+/// SIGPIPE. `std::process::Command` would pass on the mask this process blocks for its forwarding thread,
+/// and the command would then ignore SIGTERM.
+fn spawn_unmasked(argv: &[OsString]) -> std::result::Result<Pid, nix::errno::Errno> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+
+    use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags, posix_spawnp};
+
+    let c = |bytes: &[u8]| CString::new(bytes).map_err(|_| nix::errno::Errno::EINVAL);
+    let args = argv.iter().map(|a| c(a.as_bytes())).collect::<std::result::Result<Vec<_>, _>>()?;
+    let program = args.first().ok_or(nix::errno::Errno::ENOENT)?;
+    let env = std::env::vars_os()
+        .map(|(k, v)| c(&[k.as_bytes(), b"=", v.as_bytes()].concat()))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut attr = PosixSpawnAttr::init()?;
+    attr.set_sigmask(&SigSet::empty())?;
+    let mut defaults = SigSet::empty();
+    defaults.add(Signal::SIGPIPE);
+    attr.set_sigdefault(&defaults)?;
+    attr.set_flags(PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF)?;
+    posix_spawnp(program, &PosixSpawnFileActions::init()?, &attr, &args, &env)
+}
+
+/// Make `path` unreadable for the command: an empty tmpfs over a directory, an empty file over a file.
+fn hide(path: &Path) -> Result<()> {
+    let Ok(meta) = std::fs::metadata(path) else { return Ok(()) };
+    if meta.is_dir() {
+        mount(Some("tmpfs"), path, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=64k"))
+            .with_context(|| format!("hide {}", path.display()))
+    } else {
+        let empty = Path::new("/run/agenthold/empty");
+        std::fs::create_dir_all("/run/agenthold").context("create /run/agenthold")?;
+        std::fs::write(empty, b"").context("create an empty file")?;
+        bind_read_only(empty, path)
+    }
+}
+
+/// Bind `dir` read-only over itself (with what is mounted below it), unless it is a symlink (merged /usr:
+/// its target is handled on its own) or missing. When the working directory lies below it, the working
+/// directory is bound back writable on top.
+fn read_only_dir(dir: &Path, cwd: Option<&Path>) -> Result<()> {
+    let Ok(meta) = std::fs::symlink_metadata(dir) else { return Ok(()) };
+    if !meta.is_dir() {
+        return Ok(());
+    }
+    mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
+        .with_context(|| format!("bind {}", dir.display()))?;
+    mount(None::<&str>, dir, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>)
+        .with_context(|| format!("make {} read-only", dir.display()))?;
+    if let Some(cwd) = cwd.filter(|c| c.starts_with(dir) && *c != dir) {
+        mount(Some(cwd), cwd, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .with_context(|| format!("keep {} writable", cwd.display()))?;
+    }
+    Ok(())
 }
 
 /// Mount an empty tmpfs over /run so that host daemons' Unix sockets (docker, containerd, dbus, systemd)
 /// are out of reach.
 fn hide_run() -> Result<()> {
-    mount(
-        Some("tmpfs"),
-        "/run",
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=0755,size=16m"),
-    )
-    .context("mount a tmpfs over /run")
+    mount(Some("tmpfs"), "/run", Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=16m"))
+        .context("mount a tmpfs over /run")
 }
 
 /// Put `source` at `target` read-only (the gateway's resolv.conf at the real path behind /etc/resolv.conf,
@@ -108,14 +297,8 @@ fn bind_read_only(source: &Path, target: &Path) -> Result<()> {
     }
     mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
         .with_context(|| format!("bind {} over {}", source.display(), target.display()))?;
-    mount(
-        None::<&str>,
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-        None::<&str>,
-    )
-    .with_context(|| format!("make {} read-only", target.display()))
+    mount(None::<&str>, target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>)
+        .with_context(|| format!("make {} read-only", target.display()))
 }
 
 /// Empty the bounding, ambient and inheritable sets, so no later exec can gain a capability. Done while

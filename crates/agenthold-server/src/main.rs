@@ -2,9 +2,12 @@
 //!
 //! - `agenthold run [--allow ENTRY]… -- COMMAND…` runs a command in a network jail behind an embedded
 //!   egress gateway ([`run`]).
-//! - `agenthold __jail …` is the jail's own re-execution ([`jail`]), not meant to be called by hand.
+//! - `agenthold image build-dev` builds the `agenthold/dev:latest` image without a registry ([`image`]).
+//! - `agenthold __jail …` and `__jail-init …` are the jail's own re-executions ([`jail`]), not meant to be
+//!   called by hand.
 #![forbid(unsafe_code)]
 
+mod image;
 mod jail;
 mod run;
 mod secrets_file;
@@ -23,9 +26,14 @@ struct Cli {
 enum Command {
     /// Run COMMAND in a fresh network namespace whose only way out is an embedded egress gateway.
     Run(run::RunArgs),
-    /// Internal: the jail's second stage.
+    /// Local images, built without a registry (`image build-dev`).
+    Image(image::ImageArgs),
+    /// Internal: the jail's first stage (namespaces and mounts).
     #[command(name = "__jail", hide = true)]
     Jail(jail::JailArgs),
+    /// Internal: the jail's second stage (PID 1: privileges dropped, runs the command).
+    #[command(name = "__jail-init", hide = true)]
+    JailInit(jail::JailArgs),
 }
 
 fn main() {
@@ -40,16 +48,19 @@ fn main() {
                 125
             }
         },
-        Command::Jail(args) => match jail::exec(&args) {
-            Ok(never) => match never {},
-            Err(e) => {
-                eprintln!("agenthold: {e:#}");
-                // 127 like a shell: the command could not be started.
-                127
-            }
-        },
+        Command::Image(args) => image::run(&args),
+        Command::Jail(args) => jail_stage(jail::stage_one(&args)),
+        Command::JailInit(args) => jail_stage(jail::stage_two(&args)),
     };
     std::process::exit(code);
+}
+
+/// The exit code of a jail stage: the command's own, or 127 (like a shell) when the jail could not start it.
+fn jail_stage(result: anyhow::Result<i32>) -> i32 {
+    result.unwrap_or_else(|e| {
+        eprintln!("agenthold: {e:#}");
+        127
+    })
 }
 
 /// Logs go to standard error; `AGENTHOLD_LOG` (an `EnvFilter` directive, default `warn`) sets the level.

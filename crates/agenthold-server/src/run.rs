@@ -149,6 +149,44 @@ pub(crate) fn run(args: &RunArgs) -> Result<i32> {
 }
 
 async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
+    // Signals are caught from the first step on: an interrupted setup still removes what it made (the
+    // setup future owns the namespaces, and dropping it deletes them).
+    let mut signals = Signals::install()?;
+    let prepared = tokio::select! {
+        prepared = prepare(args, plan) => prepared?,
+        signal = signals.next() => return Ok(128 + signal as i32),
+    };
+    let Prepared { net, gateway, log_writer, resolv, bundle, env, hide, secret_values } = prepared;
+    let status =
+        run_jailed(&net.sandbox, &resolv, &bundle, &args.command, &env, &hide, &secret_values, &mut signals).await?;
+
+    // Let connections the command left open close and get logged, then stop.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    gateway.shutdown(Duration::from_secs(2)).await;
+    drop(gateway);
+    if let Some(writer) = log_writer {
+        writer.await.context("log writer")??;
+    }
+    drop(net);
+    Ok(exit_code(status))
+}
+
+/// Everything set up for the command.
+struct Prepared {
+    net: RunNet,
+    gateway: Gateway,
+    log_writer: Option<tokio::task::JoinHandle<Result<()>>>,
+    resolv: PathBuf,
+    bundle: PathBuf,
+    env: BTreeMap<String, String>,
+    /// Paths the command must not read.
+    hide: Vec<PathBuf>,
+    /// The secret values, to keep them out of the command's environment.
+    secret_values: Vec<Vec<u8>>,
+}
+
+/// Namespaces, rules, gateway, files and environment of one run.
+async fn prepare(args: &RunArgs, plan: Plan) -> Result<Prepared> {
     remove_stale_namespaces();
     let run_dir = plan.data_dir.join("run");
     std::fs::create_dir_all(&run_dir).with_context(|| format!("create {}", run_dir.display()))?;
@@ -166,6 +204,7 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
     policies.set(agent.clone(), plan.policy);
     let ca = Arc::new(CertificateAuthority::load_or_create(&plan.data_dir.join("egress"))?);
     let secrets = Arc::new(SecretTable::new(plan.config.egress.leak_guard));
+    let secret_values: Vec<Vec<u8>> = plan.secrets.iter().map(|s| s.value.expose().to_vec()).collect();
     let placeholders = secrets.set(&agent, plan.secrets);
     let gateway = Gateway::builder()
         .config(&plan.config.egress)?
@@ -200,25 +239,48 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
     for key in ["NO_PROXY", "no_proxy"] {
         env.insert(key.to_owned(), "localhost,127.0.0.1,::1".to_owned());
     }
+    // Inside the jail the bundle is copied to its private /run, readable by the unprivileged user the
+    // command runs as (the data directory may not be).
     for key in CA_ENV {
-        env.insert(key.to_owned(), bundle.display().to_string());
+        env.insert(key.to_owned(), crate::jail::JAIL_CA_BUNDLE.to_owned());
     }
     for p in placeholders {
         if let Some(var) = p.env {
             env.insert(var, p.placeholder);
         }
     }
-    let status = run_jailed(&net.sandbox, &resolv, &bundle, &args.command, &env).await?;
-
-    // Let connections the command left open close and get logged, then stop.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    gateway.shutdown(Duration::from_secs(2)).await;
-    drop(gateway);
-    if let Some(writer) = log_writer {
-        writer.await.context("log writer")??;
+    let mut hide = vec![plan.data_dir.clone()];
+    hide.extend(args.secrets.clone());
+    if let Ok(key) = plan.config.master_key_file() {
+        hide.push(key);
     }
-    drop(net);
-    Ok(exit_code(status))
+    Ok(Prepared { net, gateway, log_writer, resolv, bundle, env, hide, secret_values })
+}
+
+/// SIGINT, SIGTERM and SIGHUP, caught for the whole run.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self> {
+        Ok(Self {
+            int: signal(SignalKind::interrupt()).context("catch SIGINT")?,
+            term: signal(SignalKind::terminate()).context("catch SIGTERM")?,
+            hup: signal(SignalKind::hangup()).context("catch SIGHUP")?,
+        })
+    }
+
+    async fn next(&mut self) -> nix::sys::signal::Signal {
+        use nix::sys::signal::Signal;
+        tokio::select! {
+            _ = self.int.recv() => Signal::SIGINT,
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.hup.recv() => Signal::SIGHUP,
+        }
+    }
 }
 
 /// Environment variables that point TLS clients at the CA bundle (E14).
@@ -247,30 +309,45 @@ async fn run_jailed(
     bundle: &Path,
     command: &[String],
     env: &BTreeMap<String, String>,
+    hide: &[PathBuf],
+    secret_values: &[Vec<u8>],
+    signals: &mut Signals,
 ) -> Result<ExitStatus> {
     let exe = std::env::current_exe().context("find the agenthold executable")?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("__jail").arg("--netns").arg(sandbox.path()).arg("--resolv").arg(resolv).arg("--ca-bundle").arg(bundle);
+    for path in hide {
+        cmd.arg("--hide").arg(path);
+    }
     if let Some((uid, gid)) = sudo_caller() {
         cmd.arg("--uid").arg(uid.to_string()).arg("--gid").arg(gid.to_string());
+    }
+    // The command gets this process's environment minus anything that carries a secret (a `value_env`
+    // source, the master key), plus the datapath's variables.
+    cmd.env_clear();
+    for (key, value) in std::env::vars_os() {
+        let carries_secret = secret_values.iter().any(|s| s.len() >= 4 && contains(value.as_encoded_bytes(), s));
+        if key != "AGENTHOLD_MASTER_KEY" && !carries_secret {
+            cmd.env(key, value);
+        }
     }
     cmd.arg("--").args(command).envs(env).kill_on_drop(true);
     let mut child = cmd.spawn().context("start the jailed command")?;
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).map(nix::unistd::Pid::from_raw);
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
     loop {
         let forward = tokio::select! {
             status = child.wait() => return status.context("wait for the command"),
-            _ = sigint.recv() => nix::sys::signal::Signal::SIGINT,
-            _ = sigterm.recv() => nix::sys::signal::Signal::SIGTERM,
-            _ = sighup.recv() => nix::sys::signal::Signal::SIGHUP,
+            signal = signals.next() => signal,
         };
         if let Some(pid) = pid {
             let _ = nix::sys::signal::kill(pid, forward);
         }
     }
+}
+
+/// Whether `haystack` contains `needle`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// The user behind sudo, if agenthold was started through it.

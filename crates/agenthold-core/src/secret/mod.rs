@@ -86,8 +86,10 @@ pub enum RuleKind {
     },
 }
 
-/// Where and how a secret may be injected.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where and how a secret may be injected. Serialised in its textual form (`{"kind": "header", "hosts":
+/// […], "header": …, "template": …}`) and validated again when read back.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "RuleRepr", try_from = "RuleRepr")]
 pub struct SecretRule {
     /// Hosts the secret may be sent to: exact names or `*.` wildcards, never addresses.
     pub hosts: Vec<HostPattern>,
@@ -153,6 +155,46 @@ impl SecretRule {
     #[must_use]
     pub fn covers(&self, host: &str) -> bool {
         self.hosts.iter().any(|h| h.matches_name(host))
+    }
+}
+
+/// The textual form of a [`SecretRule`].
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+enum RuleRepr {
+    Header { hosts: Vec<String>, header: String, template: String },
+    Login { hosts: Vec<String>, header: String, paths: Vec<String> },
+    TokenRefresh { hosts: Vec<String>, path: String, access_secret: String },
+}
+
+impl From<SecretRule> for RuleRepr {
+    fn from(rule: SecretRule) -> Self {
+        let hosts = rule
+            .hosts
+            .iter()
+            .map(|h| match h {
+                HostPattern::Exact(n) => n.clone(),
+                HostPattern::Subdomains(s) => format!("*.{s}"),
+                // Rules are built through parse_rule_hosts, which refuses addresses.
+                HostPattern::Network(n) => n.to_string(),
+            })
+            .collect();
+        match rule.kind {
+            RuleKind::Header { header, template } => Self::Header { hosts, header, template: template.source().to_owned() },
+            RuleKind::Login { header, path_prefixes } => Self::Login { hosts, header, paths: path_prefixes },
+            RuleKind::TokenRefresh { path, access_secret } => Self::TokenRefresh { hosts, path, access_secret },
+        }
+    }
+}
+
+impl TryFrom<RuleRepr> for SecretRule {
+    type Error = Error;
+    fn try_from(repr: RuleRepr) -> Result<Self, Error> {
+        match repr {
+            RuleRepr::Header { hosts, header, template } => Self::header(&hosts, &header, &template),
+            RuleRepr::Login { hosts, header, paths } => Self::login(&hosts, &header, &paths),
+            RuleRepr::TokenRefresh { hosts, path, access_secret } => Self::token_refresh(&hosts, &path, &access_secret),
+        }
     }
 }
 
@@ -457,6 +499,20 @@ mod tests {
             assert!(SecretRule::header(hosts, header, "{{.Value}}").is_err(), "{hosts:?} {header:?}");
         }
         assert!(SecretRule::login(&["chatgpt.com"], "authorization", &["backend-api/"]).is_err());
+    }
+
+    #[test]
+    fn rules_round_trip_through_json_and_are_validated() {
+        for rule in [
+            SecretRule::header(&["api.example.com", "*.example.org"], "X-Key", "Bearer {{.Value}}").unwrap(),
+            SecretRule::login(&["chatgpt.com"], "authorization", &["/backend-api/"]).unwrap(),
+            SecretRule::token_refresh(&["auth.openai.com"], "/oauth/token", "access").unwrap(),
+        ] {
+            let json = serde_json::to_string(&rule).unwrap();
+            assert_eq!(serde_json::from_str::<SecretRule>(&json).unwrap(), rule, "{json}");
+        }
+        let bad = r#"{"kind":"header","hosts":["10.0.0.1"],"header":"x","template":"{{.Value}}"}"#;
+        assert!(serde_json::from_str::<SecretRule>(bad).is_err());
     }
 
     #[test]

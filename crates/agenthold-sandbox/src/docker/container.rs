@@ -1,0 +1,155 @@
+//! The sandbox container itself (S1, E2, E12, E14): how it is created (hardening, limits, network
+//! settings, the read-only sandboxd mount) and how each start is prepared (a fresh boot token and the CA
+//! written into it before the engine starts it).
+
+use std::collections::BTreeMap;
+
+use agenthold_core::AgentId;
+use agenthold_core::sandbox::SandboxSpec;
+use bollard::body_full;
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, RestartPolicy, RestartPolicyNameEnum};
+use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainerOptions};
+use bytes::Bytes;
+
+use super::DockerConfig;
+use crate::archive::{self, Entry};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::network::AgentNetwork;
+
+/// The sandboxd binary inside a sandbox (bind-mounted read-only).
+pub(crate) const SANDBOXD: &str = "/.agenthold/bin/sandboxd";
+/// The CA bundle (system roots + the installation's CA) sandboxd builds at boot.
+pub(crate) const CA_BUNDLE: &str = "/.agenthold/ca-bundle.pem";
+/// The installation's CA certificate inside a sandbox.
+pub(crate) const CA_CERT: &str = "/.agenthold/ca.crt";
+/// The agent's persistent volume.
+pub(crate) const WORKSPACE: &str = "/workspace";
+
+/// Environment variables pointing TLS clients at the bundle (E14).
+const CA_ENV: [&str; 5] = ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "AWS_CA_BUNDLE"];
+
+/// Names of an agent's engine objects.
+pub(crate) fn container_name(agent: &AgentId) -> String {
+    format!("agenthold-{agent}")
+}
+
+/// The agent's volume name.
+pub(crate) fn volume_name(agent: &AgentId) -> String {
+    format!("agenthold-{agent}")
+}
+
+/// The environment every sandbox gets: the datapath's (proxy, tunnel, CA) and then the spec's own.
+fn environment(agent: &AgentId, spec: &SandboxSpec, net: &AgentNetwork, config: &DockerConfig) -> Vec<String> {
+    let gateway = net.gateway_addr();
+    let proxy = format!("http://{gateway}:{}", config.ports.explicit);
+    let mut env = BTreeMap::new();
+    for key in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
+        env.insert(key.to_owned(), proxy.clone());
+    }
+    for key in ["NO_PROXY", "no_proxy"] {
+        env.insert(key.to_owned(), "localhost,127.0.0.1,::1".to_owned());
+    }
+    for key in CA_ENV {
+        env.insert(key.to_owned(), CA_BUNDLE.to_owned());
+    }
+    // Node adds these to its own roots rather than replacing them.
+    env.insert("NODE_EXTRA_CA_CERTS".to_owned(), CA_CERT.to_owned());
+    env.insert("AGENTHOLD_AGENT".to_owned(), agent.to_string());
+    if let Some(tunnel) = config.ports.tunnel {
+        env.insert("AGENTHOLD_TUNNEL".to_owned(), format!("{gateway}:{tunnel}"));
+    }
+    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+/// Create the container (not started).
+pub(crate) async fn create(
+    engine: &Engine,
+    agent: &AgentId,
+    spec: &SandboxSpec,
+    net: &AgentNetwork,
+    config: &DockerConfig,
+) -> Result<()> {
+    let runtime = spec.runtime.clone().unwrap_or_else(|| config.default_runtime.clone());
+    engine.check_runtime(&runtime)?;
+    let cpus = spec.cpus.unwrap_or(config.cpus);
+    if !(cpus > 0.0 && cpus.is_finite()) {
+        return Err(Error::BadInput { problem: format!("cpus must be a positive number, not {cpus}") });
+    }
+    // Rounding to whole nano-CPUs is the engine's own resolution.
+    #[allow(clippy::cast_possible_truncation)]
+    let nano_cpus = (cpus * 1e9) as i64;
+    let memory = i64::try_from(spec.memory_bytes.unwrap_or(config.memory_bytes))
+        .map_err(|_| Error::BadInput { problem: "memory limit too large".into() })?;
+    let pids = i64::from(spec.pids.unwrap_or(config.pids));
+    let mut labels = engine.labels(Some(agent), "sandbox");
+    labels.extend(spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let mounts = vec![
+        Mount {
+            target: Some(WORKSPACE.to_owned()),
+            source: Some(volume_name(agent)),
+            typ: Some(MountType::VOLUME),
+            ..Default::default()
+        },
+        Mount {
+            target: Some(SANDBOXD.to_owned()),
+            source: Some(config.sandboxd_path.display().to_string()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
+            ..Default::default()
+        },
+    ];
+    let body = ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        hostname: Some(format!("agent-{}", &agent.as_str()[..agent.as_str().len().min(20)])),
+        entrypoint: Some(vec![SANDBOXD.to_owned(), "boot".to_owned()]),
+        env: Some(environment(agent, spec, net, config)),
+        working_dir: Some(WORKSPACE.to_owned()),
+        labels: Some(labels),
+        stop_signal: Some("SIGTERM".to_owned()),
+        host_config: Some(HostConfig {
+            network_mode: Some(net.name.clone()),
+            dns: Some(vec![net.gateway_addr().to_string()]),
+            // Default capabilities minus NET_RAW: raw frames reach the bridge's host side otherwise. Never
+            // privileged, never NET_ADMIN (E2, S1).
+            cap_drop: Some(vec!["NET_RAW".to_owned()]),
+            privileged: Some(false),
+            security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            nano_cpus: Some(nano_cpus),
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            pids_limit: Some(pids),
+            runtime: Some(runtime),
+            mounts: Some(mounts),
+            restart_policy: Some(RestartPolicy { name: Some(RestartPolicyNameEnum::NO), maximum_retry_count: None }),
+            init: Some(false),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let options = CreateContainerOptionsBuilder::default().name(&container_name(agent)).build();
+    engine
+        .docker
+        .create_container(Some(options), body)
+        .await
+        .map_err(|e| Error::engine(format!("create the sandbox of {agent}"), e))?;
+    Ok(())
+}
+
+/// Write the boot token and the CA into the (stopped) container, for sandboxd to pick up at start.
+pub(crate) async fn write_boot_files(engine: &Engine, agent: &AgentId, token: &str, ca_pem: &str) -> Result<()> {
+    let tar = archive::pack(
+        &[
+            Entry { path: ".agenthold/boot", mode: 0o400, data: token.as_bytes() },
+            Entry { path: ".agenthold/ca.crt", mode: 0o444, data: ca_pem.as_bytes() },
+        ],
+        0o755,
+    )?;
+    let options = UploadToContainerOptions { path: "/".to_owned(), ..Default::default() };
+    engine
+        .docker
+        .upload_to_container(&container_name(agent), Some(options), body_full(Bytes::from(tar)))
+        .await
+        .map_err(|e| Error::engine(format!("write the boot files of {agent}"), e))
+}

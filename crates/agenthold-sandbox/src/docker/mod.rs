@@ -1,0 +1,321 @@
+//! [`DockerSandbox`], the default [`Sandbox`]: one container, internal network and volume per agent, every
+//! network joined by the gateway holder, the gateway's listeners bound per agent inside its namespace.
+//!
+//! Order matters for failing closed: the network, the gateway's `.2`, the nftables rules and the listeners
+//! exist before a sandbox first starts, and a failed create removes whatever it had made.
+
+mod container;
+mod exec;
+mod reconcile;
+mod topology;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use agenthold_core::sandbox::{ExecOutput, ExecRequest, SandboxInfo, SandboxSpec, SandboxState};
+use agenthold_core::{AgentId, Sandbox, Store};
+use agenthold_egress::Gateway;
+use agenthold_egress::nft::Ports;
+use bollard::models::VolumeCreateRequest;
+use bollard::query_parameters::{
+    DownloadFromContainerOptions, InspectContainerOptions, RemoveContainerOptions, RemoveVolumeOptions,
+    StartContainerOptions, StopContainerOptions, UploadToContainerOptions,
+};
+use futures_util::TryStreamExt;
+use ipnet::Ipv4Net;
+
+pub use exec::{Chunk, ExecHandle, MAX_CAPTURE};
+pub use reconcile::ReconcileReport;
+
+use crate::archive::{self, Entry};
+use crate::engine::Engine;
+use crate::error::{Error, Result, is_not_found};
+use crate::image;
+use crate::network::AgentNetwork;
+use crate::tunnel::{TunnelServer, new_token};
+use container::{container_name, volume_name};
+use topology::{AgentRecord, Topology};
+
+/// Largest file [`DockerSandbox`] reads in one piece.
+pub const MAX_FILE: usize = 256 * 1024 * 1024;
+
+/// How sandboxes are made.
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    /// The gateway's ports inside its namespace.
+    pub ports: Ports,
+    /// Each agent network takes one /24 from here.
+    pub subnet_pool: Ipv4Net,
+    /// OCI runtime when a spec names none.
+    pub default_runtime: String,
+    /// CPU limit when a spec gives none.
+    pub cpus: f64,
+    /// Memory limit when a spec gives none.
+    pub memory_bytes: u64,
+    /// PID limit when a spec gives none.
+    pub pids: u32,
+    /// The static sandboxd on the host, bind-mounted read-only into every sandbox.
+    pub sandboxd_path: PathBuf,
+    /// The image of the gateway holder (scratch + sandboxd).
+    pub sandboxd_image: String,
+    /// The installation's CA, written into every sandbox at every start.
+    pub ca_pem: String,
+}
+
+/// The Docker sandbox runtime.
+pub struct DockerSandbox {
+    engine: Engine,
+    gateway: Arc<Gateway>,
+    tunnel: Arc<TunnelServer>,
+    store: Arc<dyn Store>,
+    config: DockerConfig,
+    topology: tokio::sync::Mutex<Topology>,
+    /// Agents agenthold itself started and whose start event the watcher has not seen yet.
+    starting: Mutex<HashSet<AgentId>>,
+}
+
+impl std::fmt::Debug for DockerSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerSandbox").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl DockerSandbox {
+    /// A runtime over `engine` that attaches agents to `gateway` and authenticates their tunnels with
+    /// `tunnel`; per-agent state is kept in `store`.
+    #[must_use]
+    pub fn new(
+        engine: Engine,
+        gateway: Arc<Gateway>,
+        tunnel: Arc<TunnelServer>,
+        store: Arc<dyn Store>,
+        config: DockerConfig,
+    ) -> Self {
+        Self {
+            engine,
+            gateway,
+            tunnel,
+            store,
+            config,
+            topology: tokio::sync::Mutex::new(Topology::default()),
+            starting: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The engine connection.
+    #[must_use]
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    fn starting(&self) -> std::sync::MutexGuard<'_, HashSet<AgentId>> {
+        self.starting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Start a command and stream its output.
+    ///
+    /// # Errors
+    /// When the sandbox does not exist or does not run.
+    pub async fn exec_stream(&self, agent: &AgentId, request: ExecRequest) -> Result<ExecHandle> {
+        exec::start(&self.engine, agent, request).await
+    }
+
+    /// Kill a running command (and everything it started) by its [`ExecHandle::id`].
+    ///
+    /// # Errors
+    /// When the engine fails.
+    pub async fn cancel(&self, agent: &AgentId, exec_id: &str) -> Result<()> {
+        let request = ExecRequest {
+            argv: vec![container::SANDBOXD.to_owned(), "kill".to_owned(), "--id".to_owned(), exec_id.to_owned()],
+            ..Default::default()
+        };
+        // `sandboxd kill` itself is not wrapped in `sandboxd run`: exec the binary directly.
+        let handle = exec::start_raw(&self.engine, agent, request).await?;
+        exec::collect(handle).await.map(drop)
+    }
+
+    /// A new boot: fresh token (its hash expected by the tunnel and persisted), files written, started.
+    async fn boot(&self, agent: &AgentId) -> Result<()> {
+        let (token, hash) = new_token();
+        self.tunnel.expect(agent, hash);
+        topology::save_token(self.store.as_ref(), agent, Some(hash)).await?;
+        container::write_boot_files(&self.engine, agent, &token, &self.config.ca_pem).await?;
+        // Marked until the event watcher sees this start, so it does not mistake it for a foreign one.
+        self.starting().insert(agent.clone());
+        let started = self.engine.docker.start_container(&container_name(agent), None::<StartContainerOptions>).await;
+        started.map_err(|e| {
+            self.starting().remove(agent);
+            Error::engine(format!("start the sandbox of {agent}"), e)
+        })
+    }
+
+    async fn create_inner(&self, agent: &AgentId, spec: &SandboxSpec, made: &mut Made) -> Result<()> {
+        image::require_image(&self.engine.docker, &spec.image).await?;
+        let mut topo = self.topology.lock().await;
+        let net = topo.allocate(&self.engine, self.config.subnet_pool, agent).await?;
+        made.network = Some(net.clone());
+        crate::network::create(&self.engine, agent, &net).await?;
+        made.record = true;
+        topology::save(self.store.as_ref(), agent, &AgentRecord { net: net.clone(), token: None }).await?;
+        topo.attach(&self.engine, &self.gateway, &self.tunnel, &self.config, agent, net.clone()).await?;
+        made.attached = true;
+        drop(topo);
+        let volume = VolumeCreateRequest {
+            name: Some(volume_name(agent)),
+            labels: Some(self.engine.labels(Some(agent), "volume")),
+            ..Default::default()
+        };
+        self.engine.docker.create_volume(volume).await.map_err(|e| Error::engine("create the volume", e))?;
+        made.volume = true;
+        container::create(&self.engine, agent, spec, &net, &self.config).await?;
+        made.container = true;
+        self.boot(agent).await
+    }
+
+    /// Remove the container, the agent's attachment, network and record; the volume unless `keep_volume`.
+    async fn teardown(&self, agent: &AgentId, keep_volume: bool, known: Option<AgentNetwork>) -> Result<()> {
+        let options = RemoveContainerOptions { force: true, v: false, link: false };
+        match self.engine.docker.remove_container(&container_name(agent), Some(options)).await {
+            Ok(()) => {}
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(Error::engine(format!("remove the sandbox of {agent}"), e)),
+        }
+        self.tunnel.forget(agent);
+        let mut topo = self.topology.lock().await;
+        let net = match topology::load(self.store.as_ref(), agent).await? {
+            Some(record) => Some(record.net),
+            None => topo.network(agent).or(known),
+        };
+        if let Some(net) = &net {
+            topo.detach(&self.engine, &self.gateway, &self.config, agent, net).await?;
+            crate::network::remove(&self.engine.docker, &net.name).await?;
+        }
+        drop(topo);
+        if !keep_volume {
+            let options = RemoveVolumeOptions { force: true };
+            match self.engine.docker.remove_volume(&volume_name(agent), Some(options)).await {
+                Ok(()) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(Error::engine("remove the volume", e)),
+            }
+        }
+        topology::delete(self.store.as_ref(), agent).await
+    }
+}
+
+/// What a create has made so far, to undo on failure.
+#[derive(Default)]
+struct Made {
+    network: Option<AgentNetwork>,
+    record: bool,
+    attached: bool,
+    volume: bool,
+    container: bool,
+}
+
+impl Made {
+    fn anything(&self) -> bool {
+        self.network.is_some() || self.record || self.attached || self.volume || self.container
+    }
+}
+
+#[async_trait::async_trait]
+impl Sandbox for DockerSandbox {
+    async fn create(&self, agent: &AgentId, spec: &SandboxSpec) -> agenthold_core::Result<SandboxInfo> {
+        if topology::load(self.store.as_ref(), agent).await?.is_some() {
+            return Err(Error::BadInput { problem: format!("sandbox {agent} already exists") }.into());
+        }
+        let mut made = Made::default();
+        match self.create_inner(agent, spec, &mut made).await {
+            Ok(()) => Ok(SandboxInfo { agent: agent.clone(), state: SandboxState::Running, image: spec.image.clone() }),
+            Err(e) => {
+                if made.anything()
+                    && let Err(undo) = self.teardown(agent, false, made.network.clone()).await
+                {
+                    tracing::error!(agent = %agent, error = %undo, "cleanup after a failed create failed");
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn start(&self, agent: &AgentId) -> agenthold_core::Result<()> {
+        let info = self.inspect(agent).await?;
+        if info.state == SandboxState::Running {
+            return Ok(());
+        }
+        let record = topology::load(self.store.as_ref(), agent).await?.ok_or_else(|| not_found(agent))?;
+        {
+            let mut topo = self.topology.lock().await;
+            topo.attach(&self.engine, &self.gateway, &self.tunnel, &self.config, agent, record.net).await?;
+        }
+        Ok(self.boot(agent).await?)
+    }
+
+    async fn stop(&self, agent: &AgentId) -> agenthold_core::Result<()> {
+        let options = StopContainerOptions { t: Some(10), signal: None };
+        match self.engine.docker.stop_container(&container_name(agent), Some(options)).await {
+            // 304: already stopped.
+            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 304, .. }) => {}
+            Err(e) if is_not_found(&e) => return Err(not_found(agent).into()),
+            Err(e) => return Err(Error::engine(format!("stop the sandbox of {agent}"), e).into()),
+        }
+        self.tunnel.revoke(agent);
+        Ok(topology::save_token(self.store.as_ref(), agent, None).await?)
+    }
+
+    async fn remove(&self, agent: &AgentId, keep_volume: bool) -> agenthold_core::Result<()> {
+        Ok(self.teardown(agent, keep_volume, None).await?)
+    }
+
+    async fn exec(&self, agent: &AgentId, request: ExecRequest) -> agenthold_core::Result<ExecOutput> {
+        let handle = exec::start(&self.engine, agent, request).await?;
+        Ok(exec::collect(handle).await?)
+    }
+
+    async fn read_file(&self, agent: &AgentId, path: &str) -> agenthold_core::Result<Vec<u8>> {
+        let options = DownloadFromContainerOptions { path: path.to_owned() };
+        let mut stream = self.engine.docker.download_from_container(&container_name(agent), Some(options));
+        let mut tar = Vec::new();
+        while let Some(chunk) = stream.try_next().await.map_err(|e| Error::engine(format!("read {path}"), e))? {
+            if tar.len() + chunk.len() > MAX_FILE + 64 * 1024 {
+                return Err(Error::BadInput { problem: format!("{path} is larger than {MAX_FILE} bytes") }.into());
+            }
+            tar.extend_from_slice(&chunk);
+        }
+        Ok(archive::first_file(&tar, MAX_FILE)?)
+    }
+
+    async fn write_file(&self, agent: &AgentId, path: &str, data: &[u8]) -> agenthold_core::Result<()> {
+        let relative = path.strip_prefix('/').ok_or_else(|| Error::BadInput {
+            problem: format!("{path:?}: give an absolute path"),
+        })?;
+        let tar = archive::pack(&[Entry { path: relative, mode: 0o644, data }], 0o755)?;
+        let options = UploadToContainerOptions { path: "/".to_owned(), ..Default::default() };
+        self.engine
+            .docker
+            .upload_to_container(&container_name(agent), Some(options), bollard::body_full(tar.into()))
+            .await
+            .map_err(|e| Error::engine(format!("write {path}"), e))?;
+        Ok(())
+    }
+
+    async fn inspect(&self, agent: &AgentId) -> agenthold_core::Result<SandboxInfo> {
+        let c = match self.engine.docker.inspect_container(&container_name(agent), None::<InspectContainerOptions>).await {
+            Ok(c) => c,
+            Err(e) if is_not_found(&e) => return Err(not_found(agent).into()),
+            Err(e) => return Err(Error::engine(format!("inspect the sandbox of {agent}"), e).into()),
+        };
+        let running = c.state.and_then(|s| s.running).unwrap_or(false);
+        Ok(SandboxInfo {
+            agent: agent.clone(),
+            state: if running { SandboxState::Running } else { SandboxState::Stopped },
+            image: c.config.and_then(|c| c.image).unwrap_or_default(),
+        })
+    }
+}
+
+fn not_found(agent: &AgentId) -> Error {
+    Error::NotFound { agent: agent.to_string() }
+}

@@ -1,0 +1,173 @@
+//! Reconcile (S12): after the runtime process is killed and started again on the same data directory,
+//! running sandboxes are found by label, the gateway holder is re-joined to their networks, rules and
+//! listeners are restored and their tunnels accepted again with the token hash persisted at their boot, all
+//! without restarting any sandbox. Then engine events are watched: a gateway holder that dies or restarts
+//! is restored (until then its namespace is closed), a sandbox started behind agenthold's back gets a new
+//! boot token, and a stopped one loses its tunnel.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agenthold_core::AgentId;
+use bollard::query_parameters::{EventsOptions, InspectContainerOptions};
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::container::{container_name, write_boot_files};
+use super::{DockerSandbox, topology};
+use crate::engine::{LABEL_AGENT, LABEL_INSTANCE, LABEL_ROLE};
+use crate::error::{Error, Result, is_not_found};
+use crate::tunnel::new_token;
+
+/// What a reconcile found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// Agents whose datapath was restored (running or stopped).
+    pub restored: Vec<AgentId>,
+    /// Agents with a record but no container (left for the owner to remove), with why.
+    pub missing: Vec<AgentId>,
+}
+
+impl DockerSandbox {
+    /// Restore every agent this installation knows.
+    ///
+    /// # Errors
+    /// When the engine or the store fails.
+    pub async fn reconcile(&self) -> Result<ReconcileReport> {
+        let mut report = ReconcileReport::default();
+        for (agent, record) in topology::list(self.store.as_ref()).await? {
+            let running = match self
+                .engine
+                .docker
+                .inspect_container(&container_name(&agent), None::<InspectContainerOptions>)
+                .await
+            {
+                Ok(c) => c.state.and_then(|s| s.running).unwrap_or(false),
+                Err(e) if is_not_found(&e) => {
+                    report.missing.push(agent);
+                    continue;
+                }
+                Err(e) => return Err(Error::engine(format!("inspect the sandbox of {agent}"), e)),
+            };
+            {
+                let mut topo = self.topology.lock().await;
+                topo.attach(&self.engine, &self.gateway, &self.tunnel, &self.config, &agent, record.net.clone()).await?;
+            }
+            match (running, record.token.as_deref().and_then(parse_hash)) {
+                (true, Some(hash)) => self.tunnel.expect(&agent, hash),
+                // Running without a known token: a boot we never saw; give it a fresh one.
+                (true, None) => self.reboot_token(&agent).await?,
+                (false, _) => self.tunnel.revoke(&agent),
+            }
+            report.restored.push(agent);
+        }
+        Ok(report)
+    }
+
+    /// A new token for a sandbox that is already running (sandboxd waits for the boot file).
+    async fn reboot_token(&self, agent: &AgentId) -> Result<()> {
+        let (token, hash) = new_token();
+        self.tunnel.expect(agent, hash);
+        topology::save_token(self.store.as_ref(), agent, Some(hash)).await?;
+        write_boot_files(&self.engine, agent, &token, &self.config.ca_pem).await
+    }
+
+    /// Re-attach every served agent when the holder was replaced or is gone: a restarted holder's namespace
+    /// comes back empty and closed. Events about the holder agenthold itself just started change nothing.
+    async fn restore_gateway(&self) -> Result<()> {
+        let mut topo = self.topology.lock().await;
+        if topo.agents().is_empty() || topo.holder_is_current(&self.engine).await? {
+            return Ok(());
+        }
+        topo.forget_holder();
+        for agent in topo.agents() {
+            if let Some(net) = topo.network(&agent) {
+                topo.attach(&self.engine, &self.gateway, &self.tunnel, &self.config, &agent, net).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Watch engine events until `cancel`, restoring what restarts take away.
+    pub fn watch(self: &Arc<Self>, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(200);
+            while !cancel.is_cancelled() {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    res = this.watch_once() => {
+                        if let Err(e) = res {
+                            tracing::warn!(error = %e, "engine event stream failed; reconnecting");
+                        }
+                    }
+                }
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        })
+    }
+
+    async fn watch_once(&self) -> Result<()> {
+        let filters = HashMap::from([
+            ("type".to_owned(), vec!["container".to_owned()]),
+            ("label".to_owned(), vec![format!("{LABEL_INSTANCE}={}", self.engine.instance())]),
+        ]);
+        let options = EventsOptions { filters: Some(filters), ..Default::default() };
+        let mut events = self.engine.docker.events(Some(options));
+        while let Some(event) = events.next().await {
+            let event = event.map_err(|e| Error::engine("events", e))?;
+            let action = event.action.unwrap_or_default();
+            let labels = event.actor.and_then(|a| a.attributes).unwrap_or_default();
+            let role = labels.get(LABEL_ROLE).map(String::as_str);
+            let agent = labels.get(LABEL_AGENT).and_then(|a| AgentId::new(a.clone()).ok());
+            if let Err(e) = self.on_event(&action, role, agent.as_ref()).await {
+                tracing::warn!(action, error = %e, "restoring after an engine event failed");
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_event(&self, action: &str, role: Option<&str>, agent: Option<&AgentId>) -> Result<()> {
+        match (role, action, agent) {
+            (Some("gateway"), "start" | "die", _) => {
+                tracing::warn!(action, "gateway container changed; restoring the datapath");
+                self.restore_gateway().await
+            }
+            (Some("sandbox"), "start", Some(agent)) => {
+                if self.starting().remove(agent) {
+                    return Ok(());
+                }
+                tracing::info!(agent = %agent, "sandbox started outside agenthold; issuing a boot token");
+                self.reboot_token(agent).await
+            }
+            (Some("sandbox"), "die", Some(agent)) => {
+                // A late event of an earlier stop must not revoke the token of a boot that followed it.
+                if self.is_running(agent).await? {
+                    return Ok(());
+                }
+                self.tunnel.revoke(agent);
+                topology::save_token(self.store.as_ref(), agent, None).await
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl DockerSandbox {
+    async fn is_running(&self, agent: &AgentId) -> Result<bool> {
+        match self.engine.docker.inspect_container(&container_name(agent), None::<InspectContainerOptions>).await {
+            Ok(c) => Ok(c.state.and_then(|s| s.running).unwrap_or(false)),
+            Err(e) if is_not_found(&e) => Ok(false),
+            Err(e) => Err(Error::engine(format!("inspect the sandbox of {agent}"), e)),
+        }
+    }
+}
+
+fn parse_hash(hex_hash: &str) -> Option<[u8; 32]> {
+    hex::decode(hex_hash).ok()?.try_into().ok()
+}

@@ -1,0 +1,294 @@
+//! [`Runtime`] (C2, C5, P1): the embeddable composition of a sandbox runtime, the egress gateway, a secret
+//! injector, a policy and a store. The server and the Python bindings both use it.
+//!
+//! ```no_run
+//! # async fn demo() -> agenthold_sandbox::Result<()> {
+//! use agenthold_core::{NetworkPolicy, SandboxSpec};
+//! use agenthold_sandbox::Runtime;
+//!
+//! let runtime = Runtime::builder().data_dir("/var/lib/agenthold").build().await?;
+//! let spec = SandboxSpec { policy: NetworkPolicy::parse(agenthold_core::PolicyMode::Allowlist, &["example.com"])?, ..SandboxSpec::default() };
+//! let agent = runtime.create_sandbox(spec).await?;
+//! let out = runtime.exec(&agent, &["curl", "-sI", "https://example.com"]).await?;
+//! println!("{}", String::from_utf8_lossy(&out.stdout));
+//! runtime.remove(&agent).await?;
+//! # Ok(()) }
+//! ```
+
+mod builder;
+mod records;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agenthold_core::policy::{NetworkPolicy, PolicyTable};
+use agenthold_core::sandbox::{ExecOutput, ExecRequest, SandboxInfo, SandboxSpec};
+use agenthold_core::secret::SecretTable;
+use agenthold_core::{AgentId, Config, Sandbox, Store, Vault};
+use agenthold_egress::log::LogEntry;
+use agenthold_egress::{CertificateAuthority, Gateway};
+use tokio_util::sync::CancellationToken;
+
+pub use builder::RuntimeBuilder;
+
+use crate::docker::{DockerSandbox, ExecHandle};
+use crate::error::{Error, Result};
+use crate::tunnel::{TunnelServer, TunnelStatus};
+use records::AgentRecord;
+
+/// The embeddable agenthold runtime. Create it with [`Runtime::builder`]; every method takes `&self`.
+pub struct Runtime {
+    config: Config,
+    store: Arc<dyn Store>,
+    vault: Arc<Vault>,
+    /// The default policy table, when no custom [`EgressPolicy`] was given.
+    policies: Option<Arc<PolicyTable>>,
+    /// The default secret table, when no custom [`SecretInjector`] was given.
+    secrets: Option<Arc<SecretTable>>,
+    gateway: Arc<Gateway>,
+    ca: Arc<CertificateAuthority>,
+    sandbox: Arc<dyn Sandbox>,
+    docker: Option<Arc<DockerSandbox>>,
+    tunnel: Arc<TunnelServer>,
+    cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").field("data_dir", &self.config.data_dir).finish_non_exhaustive()
+    }
+}
+
+impl Runtime {
+    /// Start building a runtime.
+    #[must_use]
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// The configuration in use.
+    #[must_use]
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The installation's CA certificate (PEM): what sandboxes trust for intercepted hosts.
+    #[must_use]
+    pub fn ca_pem(&self) -> &str {
+        self.ca.cert_pem()
+    }
+
+    /// The egress gateway (its request log, for instance).
+    #[must_use]
+    pub fn gateway(&self) -> &Arc<Gateway> {
+        &self.gateway
+    }
+
+    /// Create and start a sandbox with a new random agent id.
+    ///
+    /// # Errors
+    /// When the spec is invalid (unknown image, bad secrets), or the engine fails; nothing is left behind.
+    pub async fn create_sandbox(&self, spec: SandboxSpec) -> Result<AgentId> {
+        let agent = AgentId::random();
+        self.create_sandbox_with_id(&agent, spec).await?;
+        Ok(agent)
+    }
+
+    /// Create and start a sandbox for `agent`.
+    ///
+    /// # Errors
+    /// As [`Runtime::create_sandbox`]; also when `agent` already exists.
+    pub async fn create_sandbox_with_id(&self, agent: &AgentId, mut spec: SandboxSpec) -> Result<SandboxInfo> {
+        if records::load(self.store.as_ref(), agent).await?.is_some() {
+            return Err(Error::BadInput { problem: format!("sandbox {agent} already exists") });
+        }
+        if let Some(policies) = &self.policies {
+            policies.set(agent.clone(), spec.policy.clone());
+        }
+        let secrets = std::mem::take(&mut spec.secrets);
+        let placeholders = match &self.secrets {
+            Some(table) => table.set(agent, secrets.clone()),
+            None => Vec::new(),
+        };
+        for p in &placeholders {
+            if let Some(env) = &p.env {
+                spec.env.insert(env.clone(), p.placeholder.clone());
+            }
+        }
+        let record = AgentRecord::new(&spec, &secrets, &placeholders, &self.vault, agent)?;
+        records::save(self.store.as_ref(), agent, &record).await?;
+        match self.sandbox.create(agent, &spec).await {
+            Ok(info) => Ok(info),
+            Err(e) => {
+                self.forget(agent).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Run a command to completion.
+    ///
+    /// # Errors
+    /// When the sandbox does not exist or does not run.
+    pub async fn exec(&self, agent: &AgentId, argv: &[&str]) -> Result<ExecOutput> {
+        let request = ExecRequest { argv: argv.iter().map(|a| (*a).to_owned()).collect(), ..ExecRequest::default() };
+        self.exec_request(agent, request).await
+    }
+
+    /// Run a command described in full (environment, working directory, stdin, timeout).
+    ///
+    /// # Errors
+    /// As [`Runtime::exec`].
+    pub async fn exec_request(&self, agent: &AgentId, request: ExecRequest) -> Result<ExecOutput> {
+        Ok(self.sandbox.exec(agent, request).await?)
+    }
+
+    /// Start a command and stream its output (Docker runtime only).
+    ///
+    /// # Errors
+    /// As [`Runtime::exec`], and [`Error::Unavailable`] with a custom `Sandbox`.
+    pub async fn exec_stream(&self, agent: &AgentId, request: ExecRequest) -> Result<ExecHandle> {
+        self.docker()?.exec_stream(agent, request).await
+    }
+
+    /// Kill a running command started with [`Runtime::exec_stream`] (Docker runtime only).
+    ///
+    /// # Errors
+    /// When the engine fails.
+    pub async fn cancel_exec(&self, agent: &AgentId, exec_id: &str) -> Result<()> {
+        self.docker()?.cancel(agent, exec_id).await
+    }
+
+    /// Read a file from a sandbox.
+    ///
+    /// # Errors
+    /// When the file does not exist or is a directory.
+    pub async fn read_file(&self, agent: &AgentId, path: &str) -> Result<Vec<u8>> {
+        Ok(self.sandbox.read_file(agent, path).await?)
+    }
+
+    /// Write (create or replace) a file in a sandbox, creating parent directories.
+    ///
+    /// # Errors
+    /// When the path is not absolute or the engine fails.
+    pub async fn write_file(&self, agent: &AgentId, path: &str, data: &[u8]) -> Result<()> {
+        Ok(self.sandbox.write_file(agent, path, data).await?)
+    }
+
+    /// Replace an agent's network policy; new connections and DNS queries use it at once (E8).
+    ///
+    /// # Errors
+    /// When the agent does not exist, or the runtime was built with a custom policy.
+    pub async fn set_policy(&self, agent: &AgentId, policy: NetworkPolicy) -> Result<()> {
+        let policies = self.policies.as_ref().ok_or_else(|| Error::Unavailable {
+            problem: "policies are managed by the custom EgressPolicy this runtime was built with".into(),
+        })?;
+        let mut record =
+            records::load(self.store.as_ref(), agent).await?.ok_or_else(|| Error::NotFound { agent: agent.to_string() })?;
+        record.spec.policy = policy.clone();
+        records::save(self.store.as_ref(), agent, &record).await?;
+        policies.set(agent.clone(), policy);
+        Ok(())
+    }
+
+    /// The agent's request log, oldest first (E16).
+    #[must_use]
+    pub fn request_log(&self, agent: &AgentId) -> Vec<LogEntry> {
+        self.gateway.log().snapshot(agent)
+    }
+
+    /// Whether the agent's sandboxd has a live tunnel (S2).
+    #[must_use]
+    pub fn tunnel_status(&self, agent: &AgentId) -> TunnelStatus {
+        self.tunnel.status(agent)
+    }
+
+    /// Current state of a sandbox.
+    ///
+    /// # Errors
+    /// When it does not exist.
+    pub async fn inspect(&self, agent: &AgentId) -> Result<SandboxInfo> {
+        Ok(self.sandbox.inspect(agent).await?)
+    }
+
+    /// Every sandbox this runtime knows.
+    ///
+    /// # Errors
+    /// When the store fails.
+    pub async fn sandboxes(&self) -> Result<Vec<AgentId>> {
+        Ok(records::list(self.store.as_ref()).await?.into_iter().map(|(a, _)| a).collect())
+    }
+
+    /// Stop a sandbox (its volume and settings stay).
+    ///
+    /// # Errors
+    /// When it does not exist.
+    pub async fn stop(&self, agent: &AgentId) -> Result<()> {
+        Ok(self.sandbox.stop(agent).await?)
+    }
+
+    /// Start a stopped sandbox (a new boot: new tunnel token, CA written again).
+    ///
+    /// # Errors
+    /// When it does not exist.
+    pub async fn start(&self, agent: &AgentId) -> Result<()> {
+        Ok(self.sandbox.start(agent).await?)
+    }
+
+    /// Remove a sandbox with its network, rules and volume.
+    ///
+    /// # Errors
+    /// When the engine fails (what could be removed is removed).
+    pub async fn remove(&self, agent: &AgentId) -> Result<()> {
+        self.remove_with(agent, false).await
+    }
+
+    /// Remove a sandbox, keeping its volume when `keep_volume`.
+    ///
+    /// # Errors
+    /// As [`Runtime::remove`].
+    pub async fn remove_with(&self, agent: &AgentId, keep_volume: bool) -> Result<()> {
+        let removed = self.sandbox.remove(agent, keep_volume).await;
+        self.forget(agent).await;
+        Ok(removed?)
+    }
+
+    /// Drop everything the runtime holds for `agent` (policy, secrets, log, record).
+    async fn forget(&self, agent: &AgentId) {
+        if let Some(p) = &self.policies {
+            p.remove(agent);
+        }
+        if let Some(s) = &self.secrets {
+            s.remove(agent);
+        }
+        self.gateway.log().forget(agent);
+        if let Err(e) = records::delete(self.store.as_ref(), agent).await {
+            tracing::warn!(agent = %agent, error = %e, "could not delete the sandbox record");
+        }
+    }
+
+    /// Stop serving: listeners close, the event watcher ends. Sandboxes keep running; a runtime started
+    /// again on the same data directory takes them over (reconcile).
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        self.gateway.shutdown(Duration::from_secs(2)).await;
+    }
+
+    fn docker(&self) -> Result<&Arc<DockerSandbox>> {
+        self.docker.as_ref().ok_or_else(|| Error::Unavailable {
+            problem: "streaming exec needs the Docker sandbox runtime".into(),
+        })
+    }
+
+    /// The default secret table (absent with a custom injector).
+    #[must_use]
+    pub fn secrets(&self) -> Option<&Arc<SecretTable>> {
+        self.secrets.as_ref()
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}

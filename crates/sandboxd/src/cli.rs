@@ -1,0 +1,321 @@
+//! Command-line parsing: the argument grammar of the contract in the crate docs, by hand (no parser crate in a
+//! binary that ships inside every sandbox).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The synopsis printed with usage errors and `--help`.
+pub(crate) const USAGE: &str = "sandboxd [--root DIR] hold
+sandboxd [--root DIR] boot [--] [CMD ARG...]
+sandboxd [--root DIR] run [--timeout-ms N] [--id ID] [--] ARGV...
+sandboxd [--root DIR] kill --id ID
+sandboxd --version | --help";
+
+/// A parsed command line.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Invocation {
+    /// `--root DIR` (tests): prefix of every absolute path; `/` when absent.
+    pub(crate) root: PathBuf,
+    /// The subcommand and its arguments.
+    pub(crate) command: Command,
+}
+
+/// One subcommand with its arguments.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Command {
+    /// `hold`: the gateway holder.
+    Hold,
+    /// `boot [--] [CMD ARG...]`: PID 1 of a sandbox; `argv` empty when there is no workload.
+    Boot {
+        /// The workload command line, possibly empty.
+        argv: Vec<OsString>,
+    },
+    /// `run ... -- ARGV...`: the exec wrapper.
+    Run(RunOptions),
+    /// `kill --id ID`: cancel a running `run`.
+    Kill {
+        /// The exec id given to `run --id`.
+        id: String,
+    },
+    /// `--version`.
+    Version,
+    /// `--help`.
+    Help,
+}
+
+/// Arguments of `run`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct RunOptions {
+    /// `--timeout-ms N`; `None` when absent or 0.
+    pub(crate) timeout: Option<Duration>,
+    /// `--id ID`, already validated with [`valid_id`].
+    pub(crate) id: Option<String>,
+    /// The command and its arguments; never empty.
+    pub(crate) argv: Vec<OsString>,
+}
+
+/// A usage error.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct UsageError {
+    /// What was wrong, naming the offending argument.
+    pub(crate) message: String,
+    /// True when the error belongs to `run`, which reports its own failures as 125.
+    pub(crate) run: bool,
+}
+
+impl UsageError {
+    /// A usage error outside `run`.
+    fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            run: false,
+        }
+    }
+}
+
+/// Whether `id` is acceptable as an exec id: `[A-Za-z0-9_.-]{1,128}`, not starting with `.` (it becomes a file
+/// name under `/.agenthold/run`, so no separators and no `..`).
+pub(crate) fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with('.')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// Splits `--name=value` / `--name value` option syntax. Returns the option name and its inline value.
+fn split_option(arg: &str) -> (&str, Option<&str>) {
+    match arg.split_once('=') {
+        Some((name, value)) if name.starts_with("--") => (name, Some(value)),
+        _ => (arg, None),
+    }
+}
+
+/// Takes the value of option `name`: the inline `=value` or the next argument.
+fn option_value(
+    name: &str,
+    inline: Option<&str>,
+    rest: &mut std::vec::IntoIter<OsString>,
+) -> Result<String, String> {
+    if let Some(value) = inline {
+        return Ok(value.to_owned());
+    }
+    let value = rest.next().ok_or_else(|| format!("{name} needs a value"))?;
+    value
+        .into_string()
+        .map_err(|v| format!("{name}: value {v:?} is not UTF-8"))
+}
+
+/// Parses the arguments after the program name.
+pub(crate) fn parse(args: Vec<OsString>) -> Result<Invocation, UsageError> {
+    let mut rest = args.into_iter();
+    let mut root = PathBuf::from("/");
+    loop {
+        let Some(arg) = rest.next() else {
+            return Err(UsageError::new("missing subcommand"));
+        };
+        let Some(text) = arg.to_str() else {
+            return Err(UsageError::new(format!("unknown subcommand {arg:?}")));
+        };
+        let (name, inline) = split_option(text);
+        let command = match name {
+            "--root" => {
+                root = PathBuf::from(option_value(name, inline, &mut rest).map_err(UsageError::new)?);
+                if !root.is_absolute() {
+                    return Err(UsageError::new(format!(
+                        "--root {}: must be an absolute path",
+                        root.display()
+                    )));
+                }
+                continue;
+            }
+            "--version" | "-V" => Command::Version,
+            "--help" | "-h" => Command::Help,
+            "hold" => {
+                if let Some(extra) = rest.next() {
+                    return Err(UsageError::new(format!("hold: unexpected argument {extra:?}")));
+                }
+                Command::Hold
+            }
+            "boot" => {
+                let mut argv: Vec<OsString> = rest.by_ref().collect();
+                if argv.first().is_some_and(|a| a == "--") {
+                    argv.remove(0);
+                } else if let Some(first) = argv
+                    .first()
+                    .and_then(|a| a.to_str())
+                    .filter(|a| a.starts_with('-'))
+                {
+                    return Err(UsageError::new(format!(
+                        "boot: unknown option {first} (use -- before CMD)"
+                    )));
+                }
+                Command::Boot { argv }
+            }
+            "run" => Command::Run(parse_run(&mut rest).map_err(|message| UsageError { message, run: true })?),
+            "kill" => Command::Kill {
+                id: parse_kill(&mut rest).map_err(UsageError::new)?,
+            },
+            other => return Err(UsageError::new(format!("unknown subcommand {other:?}"))),
+        };
+        return Ok(Invocation { root, command });
+    }
+}
+
+/// Parses `run`'s options and command line.
+fn parse_run(rest: &mut std::vec::IntoIter<OsString>) -> Result<RunOptions, String> {
+    let mut opts = RunOptions {
+        timeout: None,
+        id: None,
+        argv: Vec::new(),
+    };
+    while let Some(arg) = rest.next() {
+        let text = arg.to_str().unwrap_or_default();
+        let (name, inline) = split_option(text);
+        match name {
+            "--" => break,
+            "--timeout-ms" => {
+                let value = option_value(name, inline, rest)?;
+                let ms: u64 = value
+                    .parse()
+                    .map_err(|_| format!("run: --timeout-ms {value:?}: not a number"))?;
+                opts.timeout = (ms > 0).then(|| Duration::from_millis(ms));
+            }
+            "--id" => {
+                let value = option_value(name, inline, rest)?;
+                if !valid_id(&value) {
+                    return Err(format!(
+                        "run: --id {value:?}: expected [A-Za-z0-9_.-]{{1,128}}, not starting with ."
+                    ));
+                }
+                opts.id = Some(value);
+            }
+            _ if text.starts_with('-') => return Err(format!("run: unknown option {text}")),
+            _ => {
+                opts.argv.push(arg);
+                break;
+            }
+        }
+    }
+    opts.argv.extend(rest.by_ref());
+    if opts.argv.is_empty() {
+        return Err("run: missing command".to_owned());
+    }
+    Ok(opts)
+}
+
+/// Parses `kill --id ID`.
+fn parse_kill(rest: &mut std::vec::IntoIter<OsString>) -> Result<String, String> {
+    let mut id = None;
+    while let Some(arg) = rest.next() {
+        let text = arg.to_str().unwrap_or_default().to_owned();
+        match split_option(&text) {
+            ("--id", inline) => {
+                let value = option_value("--id", inline, rest)?;
+                if !valid_id(&value) {
+                    return Err(format!(
+                        "kill: --id {value:?}: expected [A-Za-z0-9_.-]{{1,128}}, not starting with ."
+                    ));
+                }
+                id = Some(value);
+            }
+            _ => return Err(format!("kill: unexpected argument {arg:?}")),
+        }
+    }
+    id.ok_or_else(|| "kill: missing --id".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<OsString> {
+        list.iter().map(OsString::from).collect()
+    }
+
+    fn command(list: &[&str]) -> Command {
+        parse(args(list)).expect("parses").command
+    }
+
+    #[test]
+    fn subcommands_parse() {
+        assert_eq!(command(&["hold"]), Command::Hold);
+        assert_eq!(command(&["--version"]), Command::Version);
+        assert_eq!(command(&["boot"]), Command::Boot { argv: vec![] });
+        assert_eq!(
+            command(&["boot", "--", "sh", "-c", "x"]),
+            Command::Boot {
+                argv: args(&["sh", "-c", "x"])
+            }
+        );
+        assert_eq!(
+            command(&["boot", "sleep", "1"]),
+            Command::Boot {
+                argv: args(&["sleep", "1"])
+            }
+        );
+        assert_eq!(
+            command(&["kill", "--id", "abc"]),
+            Command::Kill { id: "abc".into() }
+        );
+        assert_eq!(command(&["kill", "--id=abc"]), Command::Kill { id: "abc".into() });
+    }
+
+    #[test]
+    fn run_options_and_argv() {
+        let Command::Run(opts) =
+            command(&["run", "--timeout-ms", "500", "--id=x1", "--", "ls", "--id", "-l"])
+        else {
+            panic!("not run");
+        };
+        assert_eq!(opts.timeout, Some(Duration::from_millis(500)));
+        assert_eq!(opts.id.as_deref(), Some("x1"));
+        assert_eq!(opts.argv, args(&["ls", "--id", "-l"]));
+        let Command::Run(opts) = command(&["run", "--timeout-ms=0", "true", "-x"]) else {
+            panic!("not run")
+        };
+        assert_eq!(opts.timeout, None);
+        assert_eq!(opts.argv, args(&["true", "-x"]));
+    }
+
+    #[test]
+    fn root_is_global_and_absolute() {
+        let inv = parse(args(&["--root", "/tmp/x", "hold"])).expect("parses");
+        assert_eq!(inv.root, PathBuf::from("/tmp/x"));
+        assert!(parse(args(&["--root", "rel", "hold"])).is_err());
+    }
+
+    #[test]
+    fn errors_are_reported() {
+        for bad in [
+            &[][..],
+            &["nope"],
+            &["hold", "x"],
+            &["kill"],
+            &["kill", "--id", "../x"],
+            &["boot", "--weird"],
+            &["--root"],
+        ] {
+            let err = parse(args(bad)).expect_err("rejected");
+            assert!(!err.run, "{bad:?}");
+        }
+        for bad in [
+            &["run"][..],
+            &["run", "--"],
+            &["run", "--timeout-ms", "x", "--", "a"],
+            &["run", "--bogus", "a"],
+        ] {
+            assert!(parse(args(bad)).expect_err("rejected").run, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ids_are_file_name_safe() {
+        assert!(valid_id("exec-01_A.b"));
+        for bad in ["", ".", "..", ".hidden", "a/b", "a b", "x\n", &"a".repeat(129)] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+    }
+}

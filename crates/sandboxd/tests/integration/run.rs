@@ -1,0 +1,230 @@
+//! `sandboxd run` and `sandboxd kill`: exit codes, timeout of a whole tree, cancel by id, binary-safe stdio.
+
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::{Guard, Root, alive, eventually, read_pid};
+
+/// Runs `sandboxd run ARGS...` to completion and returns (exit code, stderr).
+fn run(root: &Root, args: &[&str]) -> (i32, String) {
+    let out = root
+        .sandboxd(&[&["run"], args].concat())
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    (
+        out.status.code().expect("exited, not killed"),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn exit_codes_pass_through() {
+    let root = Root::new();
+    assert_eq!(run(&root, &["--", "true"]).0, 0);
+    assert_eq!(run(&root, &["--", "sh", "-c", "exit 7"]).0, 7);
+    assert_eq!(run(&root, &["sh", "-c", "exit 3"]).0, 3, "-- is optional");
+    assert_eq!(run(&root, &["--timeout-ms", "10000", "--", "true"]).0, 0);
+}
+
+#[test]
+fn death_by_signal_is_128_plus_n() {
+    let root = Root::new();
+    assert_eq!(run(&root, &["--", "sh", "-c", "kill -TERM $$"]).0, 128 + 15);
+    assert_eq!(run(&root, &["--", "sh", "-c", "kill -KILL $$"]).0, 128 + 9);
+}
+
+#[test]
+fn not_found_is_127_and_not_executable_is_126() {
+    let root = Root::new();
+    let (code, stderr) = run(&root, &["--", "/nonexistent/agenthold-no-such-command"]);
+    assert_eq!(code, 127);
+    assert!(stderr.contains("agenthold-no-such-command"), "{stderr}");
+    assert_eq!(run(&root, &["--", "agenthold-no-such-command-in-path"]).0, 127);
+
+    let script = root.path("/not-executable.sh");
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (code, stderr) = run(&root, &["--", script.to_str().unwrap()]);
+    assert_eq!(code, 126, "{stderr}");
+    assert!(!stderr.is_empty());
+    assert_eq!(
+        run(&root, &["--", root.path("/").to_str().unwrap()]).0,
+        126,
+        "a directory"
+    );
+}
+
+#[test]
+fn usage_errors_exit_125() {
+    let root = Root::new();
+    assert_eq!(run(&root, &[]).0, 125);
+    assert_eq!(run(&root, &["--timeout-ms", "soon", "--", "true"]).0, 125);
+    assert_eq!(run(&root, &["--id", "../escape", "--", "true"]).0, 125);
+}
+
+#[test]
+fn timeout_kills_the_whole_tree_and_exits_124() {
+    let root = Root::new();
+    let (bg, fg) = (root.path("/bg.pid"), root.path("/fg.pid"));
+    let script = format!(
+        "sleep 100 & echo $! > {}; echo $$ > {}; sleep 100",
+        bg.display(),
+        fg.display()
+    );
+    let start = Instant::now();
+    let (code, _) = run(&root, &["--timeout-ms", "500", "--", "sh", "-c", &script]);
+    assert_eq!(code, 124);
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(500) && elapsed < Duration::from_secs(10),
+        "{elapsed:?}"
+    );
+    let (bg, fg) = (read_pid(&bg), read_pid(&fg));
+    eventually(Duration::from_secs(5), "both sleeps to be gone", || {
+        !alive(bg) && !alive(fg)
+    });
+}
+
+#[test]
+fn pid_file_records_the_group_and_kill_cancels() {
+    let root = Root::new();
+    let bg = root.path("/bg.pid");
+    let script = format!("sleep 100 & echo $! > {}; sleep 100", bg.display());
+    let mut runner = Guard::spawn(
+        root.sandboxd(&["run", "--id", "exec-1", "--", "sh", "-c", &script])
+            .stdin(Stdio::null()),
+    );
+    let pid_file = root.path("/.agenthold/run/exec-1.pid");
+    let pgid = read_pid(&pid_file);
+    let bg = read_pid(&bg);
+    let mode = std::fs::metadata(root.path("/.agenthold/run"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    assert_eq!(
+        nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(bg)))
+            .unwrap()
+            .as_raw(),
+        pgid
+    );
+    assert_ne!(
+        pgid,
+        nix::unistd::getpgrp().as_raw(),
+        "runs in its own process group"
+    );
+
+    let status = root.sandboxd(&["kill", "--id", "exec-1"]).status().unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(runner.wait_for(Duration::from_secs(10)).code(), Some(137));
+    assert!(!pid_file.exists(), "record removed");
+    eventually(Duration::from_secs(5), "the background sleep to be gone", || {
+        !alive(bg)
+    });
+
+    // Already gone: still 0.
+    assert_eq!(
+        root.sandboxd(&["kill", "--id", "exec-1"])
+            .status()
+            .unwrap()
+            .code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn kill_before_run_records_cancels_the_run() {
+    let root = Root::new();
+    assert_eq!(
+        root.sandboxd(&["kill", "--id", "early"]).status().unwrap().code(),
+        Some(0)
+    );
+    let marker = root.path("/ran");
+    let (code, _) = run(&root, &["--id", "early", "--", "touch", marker.to_str().unwrap()]);
+    assert_eq!(code, 137);
+    assert!(!marker.exists(), "a cancelled command never starts");
+    assert!(!root.path("/.agenthold/run/early.cancel").exists());
+    // The marker is consumed: the next run with that id runs.
+    assert_eq!(run(&root, &["--id", "early", "--", "true"]).0, 0);
+}
+
+#[test]
+fn kill_refuses_a_bogus_record() {
+    let root = Root::new();
+    root.write("/.agenthold/run/bogus.pid", "1\n");
+    assert_eq!(
+        root.sandboxd(&["kill", "--id", "bogus"]).status().unwrap().code(),
+        Some(1)
+    );
+    assert_eq!(root.sandboxd(&["kill"]).status().unwrap().code(), Some(2));
+}
+
+#[test]
+fn signals_to_run_reach_the_command() {
+    let root = Root::new();
+    let ready = root.path("/ready");
+    let script = format!(
+        "trap 'exit 42' TERM; touch {}; while :; do sleep 0.05; done",
+        ready.display()
+    );
+    let mut runner = Guard::spawn(
+        root.sandboxd(&["run", "--", "sh", "-c", &script])
+            .stdin(Stdio::null()),
+    );
+    eventually(Duration::from_secs(5), "the trap to be set", || ready.exists());
+    runner.signal(Signal::SIGTERM);
+    assert_eq!(runner.wait_for(Duration::from_secs(10)).code(), Some(42));
+}
+
+#[test]
+fn stdio_is_binary_safe() {
+    let root = Root::new();
+    let input: Vec<u8> = (0..=255u8).cycle().take(1 << 20).collect();
+    let mut child = root
+        .sandboxd(&["run", "--", "sh", "-c", "cat; printf '\\000\\377err' >&2"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = {
+        let input = input.clone();
+        std::thread::spawn(move || stdin.write_all(&input).unwrap())
+    };
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(out.stdout == input, "stdout differs ({} bytes)", out.stdout.len());
+    assert_eq!(out.stderr, b"\x00\xfferr");
+}
+
+#[test]
+fn interactive_command_gets_the_terminal() {
+    // `script` (util-linux, essential on Debian) gives sandboxd a pseudo-terminal as its controlling terminal,
+    // like `docker exec -t`. The command runs in its own process group; without the hand-over its `read` would
+    // be stopped by SIGTTIN and the timeout would fire.
+    let root = Root::new();
+    let sandboxd = env!("CARGO_BIN_EXE_sandboxd");
+    let inner = format!("{sandboxd} run --timeout-ms 5000 -- sh -c 'read x; echo got:$x; exit 3'");
+    let mut child = std::process::Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .current_dir(root.path("/"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("script(1) from util-linux");
+    child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("got:hello"),
+        "{out:?}"
+    );
+    assert_eq!(out.status.code(), Some(3));
+}
