@@ -5,9 +5,11 @@ ADVISORY_DB ?= ../shared/advisory-db
 
 .PHONY: dev test deps lint audit unit fuzz
 
-## dev: run the quickstart on the embedded default.
-dev:
-	@echo "make dev: the embedded runtime does not exist yet (issue 5); nothing to run."
+## dev: run the quickstart on the embedded default: a Runtime, one sandbox with an allowlist and a secret,
+## a command against a local upstream, and the request log. Builds the dev image once (about a minute).
+dev: deps
+	$(CARGO) run -q -p agenthold-server -- image build-dev
+	$(CARGO) run -q -p agenthold-examples --bin quickstart
 
 ## test: everything CI checks. Installs and starts what the tests need (Docker engine, nftables, …).
 test: deps lint audit unit

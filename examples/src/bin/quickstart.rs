@@ -48,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
 
     let script = "echo \"inside, API_KEY=$API_KEY\"; \
                   curl -sS https://api.example.com/v1/hello -H \"Authorization: Bearer $API_KEY\" | head -c 400; echo; \
+                  curl -sS --noproxy '*' https://api.example.com/v1/transparent -o /dev/null -w 'transparent path: %{http_code}\\n'; \
                   curl -sS -m 5 https://example.org/ || echo 'example.org: refused (not on the allowlist)'";
     let out = runtime.exec(&agent, &["sh", "-c", script]).await?;
     println!("--- command output (exit {}) ---\n{}", out.exit_code, String::from_utf8_lossy(&out.stdout));

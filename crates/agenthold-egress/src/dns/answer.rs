@@ -281,10 +281,13 @@ fn strip(records: Vec<Record>, stripped: &mut Stripped) -> Vec<Record> {
         .collect()
 }
 
-/// Drop IPv6 hints and blocked IPv4 hints from a service binding record.
+/// Drop IPv6 hints, blocked IPv4 hints and ECH configurations from a service binding record. Without an
+/// ECH configuration clients send their real server name in the clear, which is what the gateway decides
+/// on: with ECH the SNI it sees is only the provider's public name, and an allowlisted provider would let
+/// every site behind it through.
 fn strip_hints(svcb: &mut SVCB, stripped: &mut Stripped) {
     svcb.svc_params.retain_mut(|(_, value)| match value {
-        SvcParamValue::Ipv6Hint(_) => false,
+        SvcParamValue::Ipv6Hint(_) | SvcParamValue::EchConfigList(_) => false,
         SvcParamValue::Ipv4Hint(hints) => {
             hints.0.retain(|a| match guard::check_v4(a.0) {
                 Ok(()) => true,
@@ -307,7 +310,7 @@ mod tests {
     use agenthold_core::AgentId;
     use agenthold_core::policy::{NetworkPolicy, PolicyMode, PolicyTable};
     use hickory_proto::op::Query;
-    use hickory_proto::rr::rdata::svcb::{IpHint, SvcParamKey};
+    use hickory_proto::rr::rdata::svcb::{EchConfigList, IpHint, SvcParamKey};
     use hickory_proto::rr::rdata::{AAAA, HTTPS};
 
     use super::*;
@@ -365,6 +368,7 @@ mod tests {
                 SvcParamKey::Ipv6Hint,
                 SvcParamValue::Ipv6Hint(IpHint(vec![AAAA::new(0x2606, 0x2800, 0, 0, 0, 0, 0, 1)])),
             ),
+            (SvcParamKey::EchConfigList, SvcParamValue::EchConfigList(EchConfigList(vec![0, 4, 1, 2, 3, 4]))),
         ];
         m.add_answer(Record::from_rdata(
             name.clone(),
@@ -393,7 +397,7 @@ mod tests {
     }
 
     #[test]
-    fn service_binding_hints_aaaa_and_blocked_additionals_are_stripped() {
+    fn service_binding_hints_ech_aaaa_and_blocked_additionals_are_stripped() {
         let s = server(NetworkPolicy::open(), |q| Ok(upstream_answer(q)));
         let name = Name::from_ascii("svc.example.").unwrap();
         let reply = run(s.answer(&query(name, RecordType::HTTPS), Transport::Udp)).unwrap();

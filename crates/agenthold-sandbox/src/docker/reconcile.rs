@@ -80,6 +80,7 @@ impl DockerSandbox {
         if topo.agents().is_empty() || topo.holder_is_current(&self.engine).await? {
             return Ok(());
         }
+        tracing::warn!("the gateway container was restarted or stopped; restoring the datapath");
         topo.forget_holder();
         for agent in topo.agents() {
             if let Some(net) = topo.network(&agent) {
@@ -134,10 +135,7 @@ impl DockerSandbox {
 
     async fn on_event(&self, action: &str, role: Option<&str>, agent: Option<&AgentId>) -> Result<()> {
         match (role, action, agent) {
-            (Some("gateway"), "start" | "die", _) => {
-                tracing::warn!(action, "gateway container changed; restoring the datapath");
-                self.restore_gateway().await
-            }
+            (Some("gateway"), "start" | "die", _) => self.restore_gateway().await,
             (Some("sandbox"), "start", Some(agent)) => {
                 if self.starting().remove(agent) {
                     return Ok(());
