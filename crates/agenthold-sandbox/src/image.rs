@@ -219,8 +219,7 @@ pub async fn ensure_dev_image(docker: &Docker, work_dir: &Path, opts: &DevImageO
 
 /// The image holding only `/sandboxd` (mode 0755), `CMD ["/sandboxd","hold"]`, tagged
 /// `agenthold/sandboxd:<first 12 hex of sha256(sandboxd)>`; built by importing a tar written in memory
-/// (ustar, uid 0, mtime 0),
-/// reused when present with the matching label.
+/// (ustar, uid 0, mtime 0), reused when present with the matching label.
 ///
 /// # Errors
 /// [`Error::BadInput`] for a binary too large for a tar entry; [`Error::Engine`] when the engine fails.
@@ -446,6 +445,14 @@ async fn import_dir(docker: &Docker, rootfs: &Path, inputs: &str) -> Result<Stri
         .stdout
         .take()
         .ok_or_else(|| Error::io("tar stdout", std::io::ErrorKind::Other.into()))?;
+    // Drained alongside the import: a full stderr pipe would stall tar, and with it the import.
+    let stderr = child.stderr.take().map(|mut err| {
+        tokio::spawn(async move {
+            let mut text = Vec::new();
+            let _ = err.read_to_end(&mut text).await;
+            text
+        })
+    });
     let chunks = futures_util::stream::try_unfold(stdout, |mut out| async move {
         let mut buf = BytesMut::with_capacity(256 * 1024);
         let n = out.read_buf(&mut buf).await?;
@@ -457,11 +464,12 @@ async fn import_dir(docker: &Docker, rootfs: &Path, inputs: &str) -> Result<Stri
         label_change(inputs),
     ];
     let imported = import(docker, TarBody::Stream(chunks.boxed()), changes, "agenthold dev").await;
-    let output = child
-        .wait_with_output()
-        .await
-        .map_err(|e| Error::io("wait for tar", e))?;
-    if !output.status.success() {
+    let status = child.wait().await.map_err(|e| Error::io("wait for tar", e))?;
+    if !status.success() {
+        let stderr = match stderr {
+            Some(task) => task.await.unwrap_or_default(),
+            None => Vec::new(),
+        };
         if let Ok(id) = &imported {
             remove_unused(docker, id).await;
         }
@@ -469,8 +477,8 @@ async fn import_dir(docker: &Docker, rootfs: &Path, inputs: &str) -> Result<Stri
             problem: format!(
                 "tar of {} failed ({}): {}",
                 rootfs.display(),
-                output.status,
-                tail(&output.stderr, 10)
+                status,
+                tail(&stderr, 10)
             ),
         });
     }

@@ -89,14 +89,21 @@ async fn run(docker: &Docker, image: &str, cmd: Option<Vec<&str>>) -> (i64, Stri
     result.expect("run container")
 }
 
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
+}
+
 /// A small static binary that prints its arguments; a nonce in its source makes it (and its image) new on
 /// every run, so the test really builds.
 fn static_test_binary(dir: &Path) -> Vec<u8> {
-    let nonce = format!("{}-{:?}", std::process::id(), std::time::SystemTime::now());
+    let since_epoch = std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos();
+    let nonce = format!("{}-{since_epoch}", std::process::id());
     let src = dir.join("hello.rs");
     let program = format!(
         "fn main() {{ let a: Vec<String> = std::env::args().skip(1).collect(); \
-         println!(\"static-hello {{}}\", a.join(\" \")); let _ = {nonce:?}; }}"
+         println!(\"static-hello {{}}\", a.join(\" \")); \
+         if std::env::var_os(\"NONCE\").is_some() {{ println!({nonce:?}); }} }}"
     );
     std::fs::write(&src, program).unwrap();
     let out = dir.join("hello");
@@ -125,14 +132,18 @@ async fn sandboxd_image_runs_its_binary_and_is_reused() {
     let dir = tempfile::tempdir().unwrap();
     let binary = static_test_binary(dir.path());
 
+    let expected = format!("agenthold/sandboxd:{}", &sha256_hex(&binary)[..12]);
+    assert!(
+        !image_exists(&docker, &expected).await.unwrap(),
+        "a fresh binary has no image yet"
+    );
+    let started = Instant::now();
     let first = ensure_sandboxd_image(&docker, &binary)
         .await
         .expect("build the sandboxd image");
+    eprintln!("sandboxd image built in {:?}", started.elapsed());
     let result = async {
-        assert!(
-            first.name.starts_with("agenthold/sandboxd:")
-                && first.name.len() == "agenthold/sandboxd:".len() + 12
-        );
+        assert_eq!(first.name, expected);
         assert!(first.id.starts_with("sha256:"), "{first:?}");
         let inspect = docker.inspect_image(&first.name).await.unwrap();
         let config = inspect.config.unwrap();
