@@ -28,7 +28,16 @@ fn main() {
     let target_dir = out.join("sandboxd-target");
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
-        .args(["build", "--release", "--locked", "-p", "sandboxd", "--target", &target, "--target-dir"])
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "sandboxd",
+            "--target",
+            &target,
+            "--target-dir",
+        ])
         .arg(&target_dir)
         .arg("--manifest-path")
         .arg(root.join("Cargo.toml"))

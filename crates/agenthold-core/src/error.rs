@@ -175,16 +175,19 @@ impl Error {
     }
 
     /// Wrap an implementation's error with a classification and context.
-    pub fn backend(
-        kind: ErrorKind,
-        context: impl Into<String>,
-        source: impl Into<BoxError>,
-    ) -> Self {
-        Self::Backend { kind, context: context.into(), source: source.into() }
+    pub fn backend(kind: ErrorKind, context: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Backend {
+            kind,
+            context: context.into(),
+            source: source.into(),
+        }
     }
 
     #[allow(dead_code)] // used by the vault and the store
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io { path: path.into(), source }
+        Self::Io {
+            path: path.into(),
+            source,
+        }
     }
 }

@@ -15,7 +15,10 @@ fn validate(kind: &'static str, value: &str) -> Result<(), Error> {
         Some("must not be empty")
     } else if value.len() > 63 {
         Some("must be at most 63 characters")
-    } else if !value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_') {
+    } else if !value
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    {
         Some("may contain only a-z, 0-9, '-' and '_'")
     } else if !value.as_bytes()[0].is_ascii_alphanumeric() {
         Some("must start with a letter or digit")
@@ -23,7 +26,11 @@ fn validate(kind: &'static str, value: &str) -> Result<(), Error> {
         None
     };
     match problem {
-        Some(problem) => Err(Error::InvalidId { kind, value: value.to_owned(), problem }),
+        Some(problem) => Err(Error::InvalidId {
+            kind,
+            value: value.to_owned(),
+            problem,
+        }),
         None => Ok(()),
     }
 }
@@ -35,7 +42,10 @@ fn random_id(len: usize) -> String {
     // predictable, which is worse than stopping.
     #[allow(clippy::expect_used)]
     getrandom::fill(&mut bytes).expect("operating system random number generator failed");
-    bytes.iter().map(|b| char::from(ALPHABET[usize::from(b & 31)])).collect()
+    bytes
+        .iter()
+        .map(|b| char::from(ALPHABET[usize::from(b & 31)]))
+        .collect()
 }
 
 macro_rules! id_type {

@@ -45,12 +45,16 @@ pub struct CertificateAuthority {
 
 impl std::fmt::Debug for CertificateAuthority {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CertificateAuthority").field("cert_path", &self.cert_path).finish_non_exhaustive()
+        f.debug_struct("CertificateAuthority")
+            .field("cert_path", &self.cert_path)
+            .finish_non_exhaustive()
     }
 }
 
 fn tls_error(problem: impl std::fmt::Display) -> Error {
-    Error::Tls { problem: problem.to_string() }
+    Error::Tls {
+        problem: problem.to_string(),
+    }
 }
 
 impl CertificateAuthority {
@@ -65,7 +69,8 @@ impl CertificateAuthority {
         if !key_path.exists() {
             create(dir, &cert_path, &key_path)?;
         }
-        let meta = fs::metadata(&key_path).map_err(|e| Error::io(format!("stat {}", key_path.display()), e))?;
+        let meta =
+            fs::metadata(&key_path).map_err(|e| Error::io(format!("stat {}", key_path.display()), e))?;
         if meta.permissions().mode() & 0o077 != 0 {
             return Err(tls_error(format!(
                 "{} is readable by group or others; run `chmod 600 {}`",
@@ -73,10 +78,12 @@ impl CertificateAuthority {
                 key_path.display()
             )));
         }
-        let key_pem = fs::read_to_string(&key_path).map_err(|e| Error::io(format!("read {}", key_path.display()), e))?;
-        let cert_pem =
-            fs::read_to_string(&cert_path).map_err(|e| Error::io(format!("read {}", cert_path.display()), e))?;
-        let key = KeyPair::from_pem(&key_pem).map_err(|e| tls_error(format!("{}: {e}", key_path.display())))?;
+        let key_pem = fs::read_to_string(&key_path)
+            .map_err(|e| Error::io(format!("read {}", key_path.display()), e))?;
+        let cert_pem = fs::read_to_string(&cert_path)
+            .map_err(|e| Error::io(format!("read {}", cert_path.display()), e))?;
+        let key =
+            KeyPair::from_pem(&key_pem).map_err(|e| tls_error(format!("{}: {e}", key_path.display())))?;
         let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)
             .map_err(|e| tls_error(format!("{}: {e}", cert_path.display())))?;
         let cert_der = rustls_pki_types::pem::PemObject::from_pem_slice(cert_pem.as_bytes())
@@ -123,7 +130,10 @@ impl CertificateAuthority {
             }
         }
         let leaf = Arc::new(self.mint(host)?);
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner).put(host.to_owned(), (Arc::clone(&leaf), now));
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .put(host.to_owned(), (Arc::clone(&leaf), now));
         Ok(leaf)
     }
 
@@ -139,7 +149,9 @@ impl CertificateAuthority {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.use_authority_key_identifier_extension = true;
-        let cert = params.signed_by(&self.leaf_key, &self.issuer).map_err(tls_error)?;
+        let cert = params
+            .signed_by(&self.leaf_key, &self.issuer)
+            .map_err(tls_error)?;
         Ok(CertifiedKey::new(
             vec![cert.der().clone(), self.cert_der.clone()],
             Arc::clone(&self.leaf_signer),
@@ -172,13 +184,20 @@ fn create(dir: &Path, cert_path: &Path, key_path: &Path) -> Result<()> {
     name.push(DnType::OrganizationName, "agenthold");
     params.distinguished_name = name;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     let now = time::OffsetDateTime::now_utc();
     params.not_before = now - time::Duration::hours(1);
     params.not_after = now + time::Duration::days(CA_VALIDITY_DAYS);
     let cert = params.self_signed(&key).map_err(tls_error)?;
     let write = |path: &Path, bytes: &[u8], mode: u32| -> Result<()> {
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
         let _ = fs::remove_file(&tmp);
         let mut f = OpenOptions::new()
@@ -187,7 +206,9 @@ fn create(dir: &Path, cert_path: &Path, key_path: &Path) -> Result<()> {
             .mode(mode)
             .open(&tmp)
             .map_err(|e| Error::io(format!("create {}", tmp.display()), e))?;
-        f.write_all(bytes).and_then(|()| f.sync_all()).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
+        f.write_all(bytes)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
         fs::rename(&tmp, path).map_err(|e| Error::io(format!("rename to {}", path.display()), e))
     };
     // The certificate first: a crash in between leaves no key, so the next start simply creates both.
@@ -226,7 +247,9 @@ mod tests {
         let again = CertificateAuthority::load_or_create(&dir).unwrap();
         assert_eq!(ca.cert_pem(), again.cert_pem());
         fs::set_permissions(dir.join("ca.key"), fs::Permissions::from_mode(0o644)).unwrap();
-        let err = CertificateAuthority::load_or_create(&dir).unwrap_err().to_string();
+        let err = CertificateAuthority::load_or_create(&dir)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("chmod 600"), "{err}");
         let _ = fs::remove_dir_all(dir);
     }
@@ -253,7 +276,11 @@ mod tests {
             .verify_server_cert(&a.cert[0], &[], &name, &[], rustls_pki_types::UnixTime::now())
             .unwrap();
         let other = rustls_pki_types::ServerName::try_from("other.example.test").unwrap();
-        assert!(verifier.verify_server_cert(&a.cert[0], &[], &other, &[], rustls_pki_types::UnixTime::now()).is_err());
+        assert!(
+            verifier
+                .verify_server_cert(&a.cert[0], &[], &other, &[], rustls_pki_types::UnixTime::now())
+                .is_err()
+        );
         let _ = fs::remove_dir_all(dir);
     }
 

@@ -72,7 +72,9 @@ pub(crate) struct Dialer {
 
 impl fmt::Debug for Dialer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Dialer").field("connect_to", &self.connect_to).finish_non_exhaustive()
+        f.debug_struct("Dialer")
+            .field("connect_to", &self.connect_to)
+            .finish_non_exhaustive()
     }
 }
 
@@ -82,7 +84,11 @@ impl Dialer {
         connect_to: HashMap<(String, u16), SocketAddr>,
         connect_timeout: Duration,
     ) -> Self {
-        Self { resolver, connect_to: Arc::new(connect_to), connect_timeout }
+        Self {
+            resolver,
+            connect_to: Arc::new(connect_to),
+            connect_timeout,
+        }
     }
 
     /// Dial `name:port`: resolve on the gateway, guard every address, try them in order (`prefer` first if
@@ -121,7 +127,9 @@ impl Dialer {
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.or(first_block.map(DialError::Blocked)).unwrap_or(DialError::NoAddress))
+        Err(last
+            .or(first_block.map(DialError::Blocked))
+            .unwrap_or(DialError::NoAddress))
     }
 
     /// Dial an address the sandbox gave (no name known), after the guard.
@@ -157,7 +165,10 @@ mod tests {
     fn dialer(addrs: &[&str], connect_to: &[(&str, u16, SocketAddr)]) -> Dialer {
         Dialer::new(
             Arc::new(Fixed(addrs.iter().map(|a| a.parse().unwrap()).collect())),
-            connect_to.iter().map(|(n, p, a)| ((n.to_string(), *p), *a)).collect(),
+            connect_to
+                .iter()
+                .map(|(n, p, a)| ((n.to_string(), *p), *a))
+                .collect(),
             Duration::from_secs(2),
         )
     }
@@ -179,7 +190,17 @@ mod tests {
         let d = dialer(&["127.0.0.1"], &[("api.example.test", 443, addr)]);
         let (_, used) = d.dial_name("api.example.test", 443, None).await.unwrap();
         assert_eq!(used, addr);
-        assert!(d.dial_name("api.example.test", 80, None).await.unwrap_err().is_blocked());
-        assert!(d.dial_name("other.example.test", 443, None).await.unwrap_err().is_blocked());
+        assert!(
+            d.dial_name("api.example.test", 80, None)
+                .await
+                .unwrap_err()
+                .is_blocked()
+        );
+        assert!(
+            d.dial_name("other.example.test", 443, None)
+                .await
+                .unwrap_err()
+                .is_blocked()
+        );
     }
 }

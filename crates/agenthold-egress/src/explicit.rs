@@ -15,11 +15,11 @@ use tracing::Instrument;
 
 use crate::gateway::{Shared, Target};
 use crate::http::{ConnCtx, Mode, Proto, empty, refuse};
-use crate::upstream::ProxyBody;
 use crate::io::{SpliceEnd, splice};
 use crate::log::{LogEntry, LogKind, PendingEntry};
 use crate::sniff::split_host_port;
 use crate::transparent::accept_loop;
+use crate::upstream::ProxyBody;
 
 /// Serve one agent's explicit-proxy listener.
 pub(crate) async fn serve(gw: Arc<Shared>, agent: AgentId, listener: TcpListener, cancel: CancellationToken) {
@@ -42,7 +42,11 @@ pub(crate) async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Respon
     let gw = &ctx.gw;
     let mut entry = LogEntry::new(&ctx.agent, LogKind::Connect, Verdict::Allowed);
     entry.method = Some("CONNECT".into());
-    let authority = req.uri().authority().map(|a| a.as_str().to_owned()).unwrap_or_default();
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .unwrap_or_default();
     let (host, port) = match split_host_port(&authority, 443) {
         Ok(hp) => hp,
         Err(problem) => {
@@ -76,7 +80,12 @@ pub(crate) async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Respon
         entry.status = Some(200);
         gw.log.record(entry);
         let on_upgrade = hyper::upgrade::on(&mut req);
-        let (gw, agent, name, cancel) = (Arc::clone(gw), ctx.agent.clone(), name.clone(), ctx.cancel.clone());
+        let (gw, agent, name, cancel) = (
+            Arc::clone(gw),
+            ctx.agent.clone(),
+            name.clone(),
+            ctx.cancel.clone(),
+        );
         tokio::spawn(async move {
             if let Ok(upgraded) = on_upgrade.await {
                 crate::intercept::serve(gw, agent, TokioIo::new(upgraded), name, port, cancel).await;

@@ -12,19 +12,19 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use agenthold_core::AgentId;
 use agenthold_core::config::EgressConfig;
 use agenthold_core::policy::{DenyReason, Destination, EgressPolicy, Verdict, normalize_name};
 use agenthold_core::secret::SecretInjector;
-use agenthold_core::AgentId;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::ca::CertificateAuthority;
 use crate::dial::{Dialer, Resolve};
 use crate::dns;
 use crate::error::{Error, Result};
-use crate::ca::CertificateAuthority;
-use crate::upstream::HttpClient;
 use crate::log::RequestLog;
+use crate::upstream::HttpClient;
 
 /// Timeouts of every network wait in the gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +39,11 @@ pub struct Timeouts {
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Self { sniff: Duration::from_secs(10), connect: Duration::from_secs(10), idle: Duration::from_secs(600) }
+        Self {
+            sniff: Duration::from_secs(10),
+            connect: Duration::from_secs(10),
+            idle: Duration::from_secs(600),
+        }
     }
 }
 
@@ -66,11 +70,16 @@ impl Target {
     /// A target from a host as written by the sandbox (`Host`, CONNECT authority, SNI): an IP literal
     /// (IPv6 possibly in brackets) or a name, normalised.
     pub(crate) fn parse(host: &str) -> std::result::Result<Self, DenyReason> {
-        let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        let bare = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
         if let Ok(ip) = bare.parse::<IpAddr>() {
             return Ok(Self::Addr(ip));
         }
-        normalize_name(host).map(Self::Name).map_err(|_| DenyReason::InvalidName)
+        normalize_name(host)
+            .map(Self::Name)
+            .map_err(|_| DenyReason::InvalidName)
     }
 }
 
@@ -246,7 +255,9 @@ impl GatewayBuilder {
     /// [`Error::Config`] when no policy or no DNS upstream was given, or an injector without a CA;
     /// [`Error::Tls`] when the extra upstream trust anchor is not a PEM certificate.
     pub fn build(self) -> Result<Gateway> {
-        let policy = self.policy.ok_or_else(|| Error::Config { problem: "a policy is required".into() })?;
+        let policy = self.policy.ok_or_else(|| Error::Config {
+            problem: "a policy is required".into(),
+        })?;
         let upstream_addr = self.dns_upstream.ok_or_else(|| Error::Config {
             problem: "a DNS upstream is required (egress.dns_upstream or resolv.conf)".into(),
         })?;
@@ -267,7 +278,9 @@ impl GatewayBuilder {
         }
         let synthetic = Arc::new(synthetic);
         if self.injector.is_some() && self.ca.is_none() {
-            return Err(Error::Config { problem: "a secret injector needs a certificate authority".into() });
+            return Err(Error::Config {
+                problem: "a secret injector needs a certificate authority".into(),
+            });
         }
         let tls_client = crate::tls::client_config(self.dangerous.upstream_ca_pem.as_deref())?;
         let tls_server = self.ca.map(crate::tls::server_config).transpose()?;
@@ -306,7 +319,9 @@ pub struct Gateway {
 
 impl fmt::Debug for Gateway {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Gateway").field("timeouts", &self.shared.timeouts).finish_non_exhaustive()
+        f.debug_struct("Gateway")
+            .field("timeouts", &self.shared.timeouts)
+            .finish_non_exhaustive()
     }
 }
 
@@ -349,11 +364,21 @@ impl Gateway {
         };
         if let Some(l) = sockets.transparent {
             let l = tcp(l)?;
-            self.tasks.spawn(crate::transparent::serve(Arc::clone(&self.shared), agent.clone(), l, token.clone()));
+            self.tasks.spawn(crate::transparent::serve(
+                Arc::clone(&self.shared),
+                agent.clone(),
+                l,
+                token.clone(),
+            ));
         }
         if let Some(l) = sockets.explicit {
             let l = tcp(l)?;
-            self.tasks.spawn(crate::explicit::serve(Arc::clone(&self.shared), agent.clone(), l, token.clone()));
+            self.tasks.spawn(crate::explicit::serve(
+                Arc::clone(&self.shared),
+                agent.clone(),
+                l,
+                token.clone(),
+            ));
         }
         if let Some((udp, tcp_listener)) = sockets.dns {
             let server = dns::Server::new(dns::ServerContext {
@@ -376,7 +401,11 @@ impl Gateway {
 
     /// The policy the resolver asks: the gateway's, or one that refuses everything when egress is disabled.
     fn dns_policy(&self) -> Arc<dyn EgressPolicy> {
-        if self.shared.disabled { Arc::new(DenyAll) } else { Arc::clone(&self.shared.policy) }
+        if self.shared.disabled {
+            Arc::new(DenyAll)
+        } else {
+            Arc::clone(&self.shared.policy)
+        }
     }
 
     /// Stop serving `agent`: its listeners close and its open connections are dropped.
@@ -416,7 +445,12 @@ impl Resolve for dns::Upstream {
         &'a self,
         name: &'a str,
     ) -> futures_util::future::BoxFuture<'a, std::result::Result<Vec<IpAddr>, String>> {
-        Box::pin(async move { self.lookup(name).await.map(|l| l.addrs).map_err(|e| e.to_string()) })
+        Box::pin(async move {
+            self.lookup(name)
+                .await
+                .map(|l| l.addrs)
+                .map_err(|e| e.to_string())
+        })
     }
 }
 

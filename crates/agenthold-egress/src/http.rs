@@ -122,7 +122,10 @@ fn request_target(mode: &Mode, req: &Request<Incoming>) -> Result<(String, u16),
     let host = match req.uri().authority() {
         Some(a) => a.host().to_owned(),
         None => {
-            let value = req.headers().get(header::HOST).ok_or("request has no Host header")?;
+            let value = req
+                .headers()
+                .get(header::HOST)
+                .ok_or("request has no Host header")?;
             let text = value.to_str().map_err(|_| "Host header is not ASCII")?;
             crate::sniff::split_host_port(text, port)?.0
         }
@@ -141,7 +144,12 @@ async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<ProxyBody
             return crate::explicit::connect(ctx, req).await;
         }
         entry.deny(DenyReason::Malformed);
-        return refuse(gw, entry, StatusCode::METHOD_NOT_ALLOWED, "CONNECT is only served by the explicit proxy");
+        return refuse(
+            gw,
+            entry,
+            StatusCode::METHOD_NOT_ALLOWED,
+            "CONNECT is only served by the explicit proxy",
+        );
     }
     let (host, port) = match request_target(&ctx.mode, &req) {
         Ok(t) => t,
@@ -169,7 +177,12 @@ async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<ProxyBody
         // The gateway holds this line itself, whatever injector is plugged in: a connection opened for a
         // rule host carries requests for that host only.
         entry.deny(DenyReason::HostMismatch);
-        return refuse(gw, entry, StatusCode::MISDIRECTED_REQUEST, "request host differs from the TLS server name");
+        return refuse(
+            gw,
+            entry,
+            StatusCode::MISDIRECTED_REQUEST,
+            "request host differs from the TLS server name",
+        );
     }
     let verdict = gw.decide(&ctx.agent, &target, port);
     match verdict {
@@ -182,7 +195,9 @@ async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<ProxyBody
     }
     match inject(ctx, tls_host, &target, &mut req, &mut entry) {
         Err((status, why)) => refuse(gw, entry, status, &why),
-        Ok(Injected::Refresh(secret)) => crate::refresh::answer(ctx, req, &target, port, &secret, entry).await,
+        Ok(Injected::Refresh(secret)) => {
+            crate::refresh::answer(ctx, req, &target, port, &secret, entry).await
+        }
         Ok(Injected::Forward) => forward(ctx, req, &target, port, entry).await,
     }
 }
@@ -210,11 +225,22 @@ fn inject(
     let mut head = RequestHead {
         method: req.method().as_str().to_owned(),
         host: target.to_string(),
-        path_and_query: req.uri().path_and_query().map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
-        headers: req.headers().iter().map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec())).collect(),
+        path_and_query: req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+        headers: req
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect(),
     };
     match injector.rewrite(&ctx.agent, tls_host, &mut head) {
-        InjectOutcome::Refuse { status, reason, secret } => {
+        InjectOutcome::Refuse {
+            status,
+            reason,
+            secret,
+        } => {
             entry.deny(reason);
             entry.secret = secret;
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN);
@@ -223,18 +249,28 @@ fn inject(
         InjectOutcome::Refresh { secret } if tls_host.is_some() => Ok(Injected::Refresh(secret)),
         InjectOutcome::Refresh { .. } => {
             entry.deny(DenyReason::PlaceholderLeak);
-            Err((StatusCode::FORBIDDEN, "token refreshes are answered over TLS only".to_owned()))
+            Err((
+                StatusCode::FORBIDDEN,
+                "token refreshes are answered over TLS only".to_owned(),
+            ))
         }
         InjectOutcome::Forward { injected, leaked } => {
             if !leaked.is_empty() {
-                entry.reason = Some(format!("{}:{} (logged only)", DenyReason::PlaceholderLeak, leaked.join(",")));
+                entry.reason = Some(format!(
+                    "{}:{} (logged only)",
+                    DenyReason::PlaceholderLeak,
+                    leaked.join(",")
+                ));
             }
             if injected.is_empty() {
                 return Ok(Injected::Forward);
             }
             apply_head(req, head).map_err(|why| {
                 entry.fail(format!("injection: {why}"));
-                (StatusCode::INTERNAL_SERVER_ERROR, format!("injection failed: {why}"))
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("injection failed: {why}"),
+                )
             })?;
             entry.secret_injected = true;
             entry.secret = Some(injected.join(","));
@@ -259,9 +295,19 @@ fn apply_head(req: &mut Request<Incoming>, head: RequestHead) -> Result<(), &'st
 }
 
 /// Send the request upstream and stream the answer back.
-async fn forward(ctx: &ConnCtx, mut req: Request<Incoming>, target: &Target, port: u16, entry: LogEntry) -> Response<ProxyBody> {
+async fn forward(
+    ctx: &ConnCtx,
+    mut req: Request<Incoming>,
+    target: &Target,
+    port: u16,
+    entry: LogEntry,
+) -> Response<ProxyBody> {
     let gw = &ctx.gw;
-    let scheme = if matches!(ctx.mode, Mode::Intercepted { .. }) { "https" } else { "http" };
+    let scheme = if matches!(ctx.mode, Mode::Intercepted { .. }) {
+        "https"
+    } else {
+        "http"
+    };
     // Keep the client side's upgrade handle before the request moves upstream.
     let wants_upgrade = req.headers().contains_key(header::UPGRADE);
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
@@ -307,7 +353,11 @@ async fn forward(ctx: &ConnCtx, mut req: Request<Incoming>, target: &Target, por
                 _ => {
                     let why = dial.map_or_else(|| e.to_string(), ToString::to_string);
                     pending.entry.fail(format!("upstream: {why}"));
-                    refuse_pending(pending, StatusCode::BAD_GATEWAY, &format!("upstream failed: {why}"))
+                    refuse_pending(
+                        pending,
+                        StatusCode::BAD_GATEWAY,
+                        &format!("upstream failed: {why}"),
+                    )
                 }
             }
         }
@@ -323,7 +373,9 @@ async fn tunnel_upgrade(
 ) {
     match tokio::try_join!(client, upstream) {
         Ok((c, u)) => {
-            if let SpliceEnd::Error(e) = splice(TokioIo::new(c), TokioIo::new(u), idle, &pending.counters).await {
+            if let SpliceEnd::Error(e) =
+                splice(TokioIo::new(c), TokioIo::new(u), idle, &pending.counters).await
+            {
                 pending.entry.fail(format!("upgrade: {e}"));
             }
         }
@@ -339,7 +391,11 @@ pub(crate) fn refuse(gw: &Shared, mut entry: LogEntry, status: StatusCode, why: 
 }
 
 /// [`refuse`] for an entry that is already pending (it is recorded when `pending` drops, here).
-pub(crate) fn refuse_pending(mut pending: PendingEntry, status: StatusCode, why: &str) -> Response<ProxyBody> {
+pub(crate) fn refuse_pending(
+    mut pending: PendingEntry,
+    status: StatusCode,
+    why: &str,
+) -> Response<ProxyBody> {
     pending.entry.status = Some(status.as_u16());
     drop(pending);
     answer(status, why)
@@ -348,14 +404,21 @@ pub(crate) fn refuse_pending(mut pending: PendingEntry, status: StatusCode, why:
 fn answer(status: StatusCode, why: &str) -> Response<ProxyBody> {
     let mut resp = Response::new(full(format!("agenthold: {why}\n")));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     resp
 }
 
 pub(crate) fn full(text: impl Into<Bytes>) -> ProxyBody {
-    http_body_util::Full::new(text.into()).map_err(|never| match never {}).boxed()
+    http_body_util::Full::new(text.into())
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 pub(crate) fn empty() -> ProxyBody {
-    http_body_util::Empty::new().map_err(|never| match never {}).boxed()
+    http_body_util::Empty::new()
+        .map_err(|never| match never {})
+        .boxed()
 }

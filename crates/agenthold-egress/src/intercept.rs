@@ -39,19 +39,38 @@ where
     Box::pin(serve_tls(gw, agent, io, sni, port, cancel))
 }
 
-async fn serve_tls<IO>(gw: Arc<Shared>, agent: AgentId, io: IO, sni: String, port: u16, cancel: CancellationToken)
-where
+async fn serve_tls<IO>(
+    gw: Arc<Shared>,
+    agent: AgentId,
+    io: IO,
+    sni: String,
+    port: u16,
+    cancel: CancellationToken,
+) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let Some(config) = gw.tls_server.clone() else { return };
+    let Some(config) = gw.tls_server.clone() else {
+        return;
+    };
     let accept = tokio_rustls::TlsAcceptor::from(config).accept(io);
     let tls = match tokio::time::timeout(gw.timeouts.sniff, accept).await {
         Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => return handshake_failed(&gw, &agent, &sni, port, &format!("client TLS handshake: {e}")),
+        Ok(Err(e)) => {
+            return handshake_failed(&gw, &agent, &sni, port, &format!("client TLS handshake: {e}"));
+        }
         Err(_) => return handshake_failed(&gw, &agent, &sni, port, "client TLS handshake timed out"),
     };
-    let proto = if tls.get_ref().1.alpn_protocol() == Some(b"h2") { Proto::Http2 } else { Proto::Http1 };
-    let ctx = Arc::new(ConnCtx { gw, agent, mode: Mode::Intercepted { sni, port }, cancel });
+    let proto = if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+        Proto::Http2
+    } else {
+        Proto::Http1
+    };
+    let ctx = Arc::new(ConnCtx {
+        gw,
+        agent,
+        mode: Mode::Intercepted { sni, port },
+        cancel,
+    });
     crate::http::serve(ctx, tls, proto).await;
 }
 

@@ -158,7 +158,11 @@ pub(crate) struct PendingEntry {
 
 impl PendingEntry {
     pub(crate) fn new(log: &Arc<RequestLog>, entry: LogEntry) -> Self {
-        Self { log: Arc::clone(log), entry, counters: Arc::default() }
+        Self {
+            log: Arc::clone(log),
+            entry,
+            counters: Arc::default(),
+        }
     }
 }
 
@@ -182,7 +186,11 @@ impl RequestLog {
     #[must_use]
     pub fn new(keep: usize) -> Self {
         let (live, _) = broadcast::channel(1024);
-        Self { keep: keep.max(1), agents: Mutex::new(HashMap::new()), live }
+        Self {
+            keep: keep.max(1),
+            agents: Mutex::new(HashMap::new()),
+            live,
+        }
     }
 
     /// Append an entry (dropping the agent's oldest beyond `keep`) and publish it on the live stream.
@@ -209,7 +217,10 @@ impl RequestLog {
     #[must_use]
     pub fn snapshot(&self, agent: &AgentId) -> Vec<LogEntry> {
         let agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
-        agents.get(agent).map(|r| r.iter().map(|e| LogEntry::clone(e)).collect()).unwrap_or_default()
+        agents
+            .get(agent)
+            .map(|r| r.iter().map(|e| LogEntry::clone(e)).collect())
+            .unwrap_or_default()
     }
 
     /// A live stream of every entry recorded from now on (all agents). A receiver that falls more than 1024
@@ -221,7 +232,10 @@ impl RequestLog {
 
     /// Drop an agent's entries.
     pub fn forget(&self, agent: &AgentId) {
-        self.agents.lock().unwrap_or_else(PoisonError::into_inner).remove(agent);
+        self.agents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(agent);
     }
 }
 
@@ -249,8 +263,19 @@ mod tests {
         let e = LogEntry::new(&a, LogKind::Tls, Verdict::Denied(DenyReason::NotInAllowlist)).to("x.com", 443);
         let v: serde_json::Value = serde_json::from_str(&e.to_json_line()).unwrap();
         for k in [
-            "time", "agent", "kind", "host", "port", "method", "path", "status", "decision", "reason",
-            "secret_injected", "bytes_up", "bytes_down",
+            "time",
+            "agent",
+            "kind",
+            "host",
+            "port",
+            "method",
+            "path",
+            "status",
+            "decision",
+            "reason",
+            "secret_injected",
+            "bytes_up",
+            "bytes_down",
         ] {
             assert!(v.get(k).is_some(), "{k}");
         }

@@ -35,25 +35,58 @@ pub(crate) async fn answer(
     };
     entry.secret = Some(secret.to_owned());
     let (mut parts, body) = req.into_parts();
-    let content_type =
-        parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-    let body = match tokio::time::timeout(gw.timeouts.sniff, Limited::new(body, MAX_REQUEST).collect()).await {
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = match tokio::time::timeout(gw.timeouts.sniff, Limited::new(body, MAX_REQUEST).collect()).await
+    {
         Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(_)) => return refuse(gw, entry, StatusCode::PAYLOAD_TOO_LARGE, "refresh request too large"),
-        Err(_) => return refuse(gw, entry, StatusCode::REQUEST_TIMEOUT, "refresh request body timed out"),
+        Ok(Err(_)) => {
+            return refuse(
+                gw,
+                entry,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "refresh request too large",
+            );
+        }
+        Err(_) => {
+            return refuse(
+                gw,
+                entry,
+                StatusCode::REQUEST_TIMEOUT,
+                "refresh request body timed out",
+            );
+        }
     };
     let Some(upstream_body) = injector.refresh_request(&ctx.agent, secret, &content_type, &body) else {
         entry.deny(DenyReason::PlaceholderLeak);
-        return refuse(gw, entry, StatusCode::FORBIDDEN, "refresh request does not carry the refresh placeholder");
+        return refuse(
+            gw,
+            entry,
+            StatusCode::FORBIDDEN,
+            "refresh request does not carry the refresh placeholder",
+        );
     };
     let length = upstream_body.len();
-    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(length));
     // The answer is rewritten, so it must arrive readable.
-    parts.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-    let body = Full::new(Bytes::copy_from_slice(&upstream_body)).map_err(|never| match never {}).boxed();
+    parts
+        .headers
+        .insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    let body = Full::new(Bytes::copy_from_slice(&upstream_body))
+        .map_err(|never| match never {})
+        .boxed();
     drop(upstream_body);
     let mut pending = PendingEntry::new(&gw.log, entry);
-    pending.counters.up.fetch_add(length as u64, std::sync::atomic::Ordering::Relaxed);
+    pending
+        .counters
+        .up
+        .fetch_add(length as u64, std::sync::atomic::Ordering::Relaxed);
     let request = match upstream_request(parts, body, "https", target, port, false) {
         Ok(r) => r,
         Err(problem) => return refuse_pending(pending, StatusCode::BAD_REQUEST, problem),
@@ -89,9 +122,14 @@ pub(crate) async fn answer(
         // Errors (invalid_grant, …) carry no tokens: pass them on so the harness can react.
         body
     };
-    pending.counters.down.fetch_add(out.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    pending
+        .counters
+        .down
+        .fetch_add(out.len() as u64, std::sync::atomic::Ordering::Relaxed);
     parts.headers.remove(header::CONTENT_ENCODING);
     parts.headers.remove(header::TRANSFER_ENCODING);
-    parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(out.len()));
     Response::from_parts(parts, full(out))
 }

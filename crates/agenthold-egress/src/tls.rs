@@ -29,17 +29,25 @@ pub(crate) fn client_config(extra_pem: Option<&[u8]>) -> Result<Arc<rustls::Clie
     if let Some(pem) = extra_pem {
         let mut added = 0;
         for cert in CertificateDer::pem_slice_iter(pem) {
-            let cert = cert.map_err(|e| Error::Tls { problem: format!("extra upstream CA: {e}") })?;
-            roots.add(cert).map_err(|e| Error::Tls { problem: format!("extra upstream CA: {e}") })?;
+            let cert = cert.map_err(|e| Error::Tls {
+                problem: format!("extra upstream CA: {e}"),
+            })?;
+            roots.add(cert).map_err(|e| Error::Tls {
+                problem: format!("extra upstream CA: {e}"),
+            })?;
             added += 1;
         }
         if added == 0 {
-            return Err(Error::Tls { problem: "extra upstream CA: no certificate in the PEM".into() });
+            return Err(Error::Tls {
+                problem: "extra upstream CA: no certificate in the PEM".into(),
+            });
         }
     }
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Tls { problem: e.to_string() })?
+        .map_err(|e| Error::Tls {
+            problem: e.to_string(),
+        })?
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
@@ -50,7 +58,9 @@ pub(crate) fn client_config(extra_pem: Option<&[u8]>) -> Result<Arc<rustls::Clie
 pub(crate) fn server_config(ca: Arc<CertificateAuthority>) -> Result<Arc<rustls::ServerConfig>> {
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Tls { problem: e.to_string() })?
+        .map_err(|e| Error::Tls {
+            problem: e.to_string(),
+        })?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(LeafResolver(ca)));
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();

@@ -91,7 +91,10 @@ fn original_dst(stream: &TcpStream) -> std::io::Result<SocketAddr> {
         SocketAddr::V4(_) => sock.original_dst_v4(),
         SocketAddr::V6(_) => sock.original_dst_v6(),
     }
-    .and_then(|a| a.as_socket().ok_or_else(|| std::io::Error::other("original destination is not IP")))
+    .and_then(|a| {
+        a.as_socket()
+            .ok_or_else(|| std::io::Error::other("original destination is not IP"))
+    })
 }
 
 async fn handle(gw: Arc<Shared>, agent: AgentId, mut stream: TcpStream, cancel: CancellationToken) {
@@ -103,11 +106,17 @@ async fn handle(gw: Arc<Shared>, agent: AgentId, mut stream: TcpStream, cancel: 
         }
     };
     let deadline = Instant::now() + gw.timeouts.sniff;
-    let first_wait = if matches!(orig.port(), 80 | 443) { gw.timeouts.sniff } else { FIRST_BYTES_WAIT };
+    let first_wait = if matches!(orig.port(), 80 | 443) {
+        gw.timeouts.sniff
+    } else {
+        FIRST_BYTES_WAIT
+    };
     let mut buf = BytesMut::with_capacity(4096);
     match tokio::time::timeout(first_wait, stream.read_buf(&mut buf)).await {
         // The client waits for the server to speak first.
-        Err(_) if first_wait < gw.timeouts.sniff => return other_tcp(&gw, &agent, stream, orig, Bytes::new()).await,
+        Err(_) if first_wait < gw.timeouts.sniff => {
+            return other_tcp(&gw, &agent, stream, orig, Bytes::new()).await;
+        }
         Err(_) | Ok(Ok(0) | Err(_)) => return,
         Ok(Ok(_)) => {}
     }
@@ -119,8 +128,18 @@ async fn handle(gw: Arc<Shared>, agent: AgentId, mut stream: TcpStream, cancel: 
             Protocol::Http => match sniff::parse_request_head(&buf) {
                 Sniff::Done(_) => {
                     let mode = Mode::Transparent { port: orig.port() };
-                    let ctx = Arc::new(ConnCtx { gw: Arc::clone(&gw), agent, mode, cancel });
-                    return crate::http::serve(ctx, crate::io::Rewind::new(buf.freeze(), stream), Proto::Http1).await;
+                    let ctx = Arc::new(ConnCtx {
+                        gw: Arc::clone(&gw),
+                        agent,
+                        mode,
+                        cancel,
+                    });
+                    return crate::http::serve(
+                        ctx,
+                        crate::io::Rewind::new(buf.freeze(), stream),
+                        Proto::Http1,
+                    )
+                    .await;
                 }
                 Sniff::NotThisProtocol => return other_tcp(&gw, &agent, stream, orig, buf.freeze()).await,
                 Sniff::Invalid(_) => return refuse_malformed(&gw, &agent, LogKind::Http, orig),
@@ -166,7 +185,9 @@ async fn tls(
                     return;
                 }
             }
-            Sniff::NotThisProtocol | Sniff::Invalid(_) => return refuse_malformed(gw, agent, LogKind::Tls, orig),
+            Sniff::NotThisProtocol | Sniff::Invalid(_) => {
+                return refuse_malformed(gw, agent, LogKind::Tls, orig);
+            }
         }
     };
     let port = orig.port();
@@ -185,7 +206,8 @@ async fn tls(
     {
         let verdict = gw.decide(agent, &target, port);
         if !verdict.is_allowed() {
-            gw.log.record(LogEntry::new(agent, LogKind::Tls, verdict).to(name.clone(), port));
+            gw.log
+                .record(LogEntry::new(agent, LogKind::Tls, verdict).to(name.clone(), port));
             return;
         }
         let io = crate::io::Rewind::new(buf.freeze(), stream);
@@ -198,7 +220,10 @@ async fn tls(
 async fn other_tcp(gw: &Arc<Shared>, agent: &AgentId, stream: TcpStream, orig: SocketAddr, prefix: Bytes) {
     let port = orig.port();
     let names = gw.records.names_for(agent, orig.ip());
-    let named = names.into_iter().map(Target::Name).find(|t| gw.decide(agent, t, port).is_allowed());
+    let named = names
+        .into_iter()
+        .map(Target::Name)
+        .find(|t| gw.decide(agent, t, port).is_allowed());
     let target = named.unwrap_or(Target::Addr(orig.ip()));
     connect_and_splice(gw, agent, LogKind::Tcp, stream, orig, target, prefix).await;
 }
@@ -221,7 +246,11 @@ async fn connect_and_splice(
         return;
     }
     let dialed = match &target {
-        Target::Name(n) => gw.dialer.dial_name(n, port, Some(orig.ip())).await.map(|(s, _)| s),
+        Target::Name(n) => gw
+            .dialer
+            .dial_name(n, port, Some(orig.ip()))
+            .await
+            .map(|(s, _)| s),
         Target::Addr(_) => gw.dialer.dial_addr(orig).await,
     };
     let mut upstream = match dialed {
@@ -233,7 +262,10 @@ async fn connect_and_splice(
         pending.entry.fail(format!("upstream: {e}"));
         return;
     }
-    pending.counters.up.fetch_add(prefix.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    pending
+        .counters
+        .up
+        .fetch_add(prefix.len() as u64, std::sync::atomic::Ordering::Relaxed);
     if let SpliceEnd::Error(e) = splice(stream, upstream, gw.timeouts.idle, &pending.counters).await {
         tracing::debug!(agent = %agent, error = %e, "splice ended with an error");
     }

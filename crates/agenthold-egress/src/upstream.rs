@@ -35,7 +35,11 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) type HttpClient = Client<Connector, ProxyBody>;
 
 /// Build the upstream client over `dialer`, speaking TLS with `tls` for `https` URIs.
-pub(crate) fn client(dialer: Dialer, tls: Arc<rustls::ClientConfig>, connect_timeout: Duration) -> HttpClient {
+pub(crate) fn client(
+    dialer: Dialer,
+    tls: Arc<rustls::ClientConfig>,
+    connect_timeout: Duration,
+) -> HttpClient {
     Client::builder(TokioExecutor::new())
         .timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())
@@ -44,7 +48,11 @@ pub(crate) fn client(dialer: Dialer, tls: Arc<rustls::ClientConfig>, connect_tim
         .http1_max_buf_size(1024 * 1024)
         .set_host(false)
         .retry_canceled_requests(false)
-        .build(Connector { dialer, tls: tokio_rustls::TlsConnector::from(tls), connect_timeout })
+        .build(Connector {
+            dialer,
+            tls: tokio_rustls::TlsConnector::from(tls),
+            connect_timeout,
+        })
 }
 
 /// Dials upstreams for the pooled client: names through the gateway's resolver and the guard, addresses
@@ -60,7 +68,10 @@ pub(crate) struct Connector {
 pub(crate) enum UpstreamConn {
     Plain(TokioIo<TcpStream>),
     // Boxed: a TLS session is over a kilobyte; plain connections should not pay for it.
-    Tls { io: Box<TokioIo<TlsStream<TcpStream>>>, h2: bool },
+    Tls {
+        io: Box<TokioIo<TlsStream<TcpStream>>>,
+        h2: bool,
+    },
 }
 
 impl Connection for UpstreamConn {
@@ -118,7 +129,12 @@ impl tower_service::Service<Uri> for Connector {
     fn call(&mut self, uri: Uri) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']').to_owned();
+            let host = uri
+                .host()
+                .unwrap_or_default()
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned();
             let tls = uri.scheme_str() == Some("https");
             let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
             let stream = match host.parse::<IpAddr>() {
@@ -136,7 +152,10 @@ impl tower_service::Service<Uri> for Connector {
                 Ok(Ok(t)) => t,
             };
             let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-            Ok(UpstreamConn::Tls { io: Box::new(TokioIo::new(tls)), h2 })
+            Ok(UpstreamConn::Tls {
+                io: Box::new(TokioIo::new(tls)),
+                h2,
+            })
         })
     }
 }
@@ -159,18 +178,27 @@ pub(crate) fn upstream_request(
         Target::Addr(IpAddr::V4(a)) => format!("{a}:{port}"),
         Target::Addr(IpAddr::V6(a)) => format!("[{a}]:{port}"),
     };
-    parts.uri = format!("{scheme}://{authority}{path}").parse().map_err(|_| "request target is not a valid URI")?;
+    parts.uri = format!("{scheme}://{authority}{path}")
+        .parse()
+        .map_err(|_| "request target is not a valid URI")?;
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers, keep_upgrade);
     if !parts.headers.contains_key(header::HOST) {
-        parts.headers.insert(header::HOST, HeaderValue::from_str(&authority).map_err(|_| "bad host")?);
+        parts.headers.insert(
+            header::HOST,
+            HeaderValue::from_str(&authority).map_err(|_| "bad host")?,
+        );
     }
     Ok(Request::from_parts(parts, body))
 }
 
 /// A sandbox's request body, counted into `counters` as it streams upstream.
 pub(crate) fn counted(body: Incoming, counters: &Arc<Counters>) -> ProxyBody {
-    CountedBody { inner: body, counters: Arc::clone(counters) }.boxed()
+    CountedBody {
+        inner: body,
+        counters: Arc::clone(counters),
+    }
+    .boxed()
 }
 
 /// Remove hop-by-hop headers (RFC 9110 §7.6.1), and the headers `Connection` names; keep `Connection:
@@ -187,7 +215,14 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     for name in named {
         headers.remove(name);
     }
-    for name in ["keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization", "te", "trailer"] {
+    for name in [
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+    ] {
         headers.remove(name);
     }
     headers.remove(header::TRANSFER_ENCODING);
@@ -248,7 +283,10 @@ impl Body for LoggedBody {
         match &res {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
-                    self.pending.counters.down.fetch_add(data.len() as u64, Ordering::Relaxed);
+                    self.pending
+                        .counters
+                        .down
+                        .fetch_add(data.len() as u64, Ordering::Relaxed);
                 }
             }
             Poll::Ready(Some(Err(e))) => {

@@ -18,7 +18,9 @@ pub(crate) struct Entry<'a> {
 }
 
 fn bad(problem: impl Into<String>) -> Error {
-    Error::BadInput { problem: problem.into() }
+    Error::BadInput {
+        problem: problem.into(),
+    }
 }
 
 /// Write a header block for `path`.
@@ -66,7 +68,10 @@ pub(crate) fn pack(entries: &[Entry<'_>], dir_mode: u32) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     let mut dirs: Vec<String> = Vec::new();
     for e in entries {
-        if e.path.is_empty() || e.path.starts_with('/') || e.path.split('/').any(|p| p.is_empty() || p == "..") {
+        if e.path.is_empty()
+            || e.path.starts_with('/')
+            || e.path.split('/').any(|p| p.is_empty() || p == "..")
+        {
             return Err(bad(format!("invalid archive path {:?}", e.path)));
         }
         let parts: Vec<&str> = e.path.split('/').collect();
@@ -88,7 +93,11 @@ pub(crate) fn pack(entries: &[Entry<'_>], dir_mode: u32) -> Result<Vec<u8>> {
 fn parse_octal(field: &[u8]) -> Option<u64> {
     let text = std::str::from_utf8(field).ok()?;
     let text = text.trim_matches(|c: char| c == '\0' || c == ' ');
-    if text.is_empty() { Some(0) } else { u64::from_str_radix(text, 8).ok() }
+    if text.is_empty() {
+        Some(0)
+    } else {
+        u64::from_str_radix(text, 8).ok()
+    }
 }
 
 /// The content of the first regular file in `archive` (what the engine returns for a file path).
@@ -107,17 +116,25 @@ pub(crate) fn first_file(archive: &[u8], max: usize) -> Result<Vec<u8>> {
         let size = usize::try_from(size).map_err(|_| bad("archive entry too large"))?;
         let kind = h[156];
         let data_start = at + BLOCK;
-        let data_end = data_start.checked_add(size).ok_or_else(|| bad("archive entry too large"))?;
+        let data_end = data_start
+            .checked_add(size)
+            .ok_or_else(|| bad("archive entry too large"))?;
         match kind {
             b'0' | 0 => {
                 if size > max {
                     return Err(bad(format!("file is larger than {max} bytes")));
                 }
-                let data = archive.get(data_start..data_end).ok_or_else(|| bad("truncated archive"))?;
+                let data = archive
+                    .get(data_start..data_end)
+                    .ok_or_else(|| bad("truncated archive"))?;
                 return Ok(data.to_vec());
             }
             b'5' => return Err(bad("the path is a directory")),
-            b'2' => return Err(bad("the path is a symbolic link to something the archive does not hold")),
+            b'2' => {
+                return Err(bad(
+                    "the path is a symbolic link to something the archive does not hold",
+                ));
+            }
             _ => {}
         }
         at = data_start + size.div_ceil(BLOCK) * BLOCK;
@@ -134,8 +151,16 @@ mod tests {
         let long = format!("{}/{}", "d".repeat(120), "f".repeat(90));
         let tar = pack(
             &[
-                Entry { path: ".agenthold/boot", mode: 0o400, data: b"token" },
-                Entry { path: &long, mode: 0o644, data: &[7u8; 1000] },
+                Entry {
+                    path: ".agenthold/boot",
+                    mode: 0o400,
+                    data: b"token",
+                },
+                Entry {
+                    path: &long,
+                    mode: 0o644,
+                    data: &[7u8; 1000],
+                },
             ],
             0o700,
         )
@@ -146,10 +171,17 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("a.tar");
         std::fs::write(&file, &tar).unwrap();
-        let out = std::process::Command::new("tar").arg("-tvf").arg(&file).output().unwrap();
+        let out = std::process::Command::new("tar")
+            .arg("-tvf")
+            .arg(&file)
+            .output()
+            .unwrap();
         let listing = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{listing}");
-        assert!(listing.contains(".agenthold/boot") && listing.contains(&"f".repeat(90)), "{listing}");
+        assert!(
+            listing.contains(".agenthold/boot") && listing.contains(&"f".repeat(90)),
+            "{listing}"
+        );
         assert!(listing.contains("-r--------"), "{listing}");
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -157,9 +189,28 @@ mod tests {
     #[test]
     fn refuses_bad_paths_and_reports_directories() {
         for p in ["", "/abs", "a/../b", "a//b"] {
-            assert!(pack(&[Entry { path: p, mode: 0o644, data: b"" }], 0o755).is_err(), "{p:?}");
+            assert!(
+                pack(
+                    &[Entry {
+                        path: p,
+                        mode: 0o644,
+                        data: b""
+                    }],
+                    0o755
+                )
+                .is_err(),
+                "{p:?}"
+            );
         }
-        let tar = pack(&[Entry { path: "d/f", mode: 0o644, data: b"x" }], 0o755).unwrap();
+        let tar = pack(
+            &[Entry {
+                path: "d/f",
+                mode: 0o644,
+                data: b"x",
+            }],
+            0o755,
+        )
+        .unwrap();
         // The first entry is the directory `d/`.
         assert!(first_file(&tar[..1024], 10).is_err());
         assert!(first_file(&[], 10).is_err());

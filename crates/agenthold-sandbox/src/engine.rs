@@ -44,7 +44,9 @@ impl Engine {
     /// [`Error::Unavailable`] when the engine does not answer.
     pub async fn from_docker(docker: Docker, instance: &str) -> Result<Self> {
         let docker = docker.negotiate_version().await.map_err(|e| Error::Unavailable {
-            problem: format!("cannot reach the Docker engine ({e}); is dockerd running and its socket readable?"),
+            problem: format!(
+                "cannot reach the Docker engine ({e}); is dockerd running and its socket readable?"
+            ),
         })?;
         let version = docker.version().await.map_err(|e| Error::engine("version", e))?;
         let major = version
@@ -55,7 +57,12 @@ impl Engine {
             .unwrap_or(0);
         let info = docker.info().await.map_err(|e| Error::engine("info", e))?;
         let runtimes = info.runtimes.map(|r| r.into_keys().collect()).unwrap_or_default();
-        Ok(Self { docker, major, runtimes, instance: instance.to_owned() })
+        Ok(Self {
+            docker,
+            major,
+            runtimes,
+            instance: instance.to_owned(),
+        })
     }
 
     /// Whether bridge networks support `gateway_mode_ipv4=isolated` (Docker ≥ 28).
@@ -106,7 +113,10 @@ impl Engine {
     pub fn filters(&self, role: &str) -> HashMap<String, Vec<String>> {
         HashMap::from([(
             "label".to_owned(),
-            vec![format!("{LABEL_INSTANCE}={}", self.instance), format!("{LABEL_ROLE}={role}")],
+            vec![
+                format!("{LABEL_INSTANCE}={}", self.instance),
+                format!("{LABEL_ROLE}={role}"),
+            ],
         )])
     }
 }

@@ -52,11 +52,17 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn engine(context: impl Into<String>, source: bollard::errors::Error) -> Self {
-        Self::Engine { context: context.into(), source }
+        Self::Engine {
+            context: context.into(),
+            source,
+        }
     }
 
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        Self::Io { context: context.into(), source }
+        Self::Io {
+            context: context.into(),
+            source,
+        }
     }
 
     /// The class of this error.
@@ -64,7 +70,9 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Self::Engine { source, .. } if is_not_found(source) => ErrorKind::NotFound,
-            Self::Engine { .. } | Self::Io { .. } | Self::Unavailable { .. } | Self::Egress(_) => ErrorKind::Upstream,
+            Self::Engine { .. } | Self::Io { .. } | Self::Unavailable { .. } | Self::Egress(_) => {
+                ErrorKind::Upstream
+            }
             Self::NotFound { .. } => ErrorKind::NotFound,
             Self::BadInput { .. } => ErrorKind::BadInput,
             Self::Core(e) => e.kind(),
@@ -74,14 +82,20 @@ impl Error {
 
 /// Whether the engine answered 404.
 pub(crate) fn is_not_found(e: &bollard::errors::Error) -> bool {
-    matches!(e, bollard::errors::Error::DockerResponseServerError { status_code: 404, .. })
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }
+    )
 }
 
 impl From<Error> for agenthold_core::Error {
     fn from(e: Error) -> Self {
         match e {
             Error::Core(core) => core,
-            Error::NotFound { agent } => Self::NotFound { what: "sandbox", id: agent },
+            Error::NotFound { agent } => Self::NotFound {
+                what: "sandbox",
+                id: agent,
+            },
             other => {
                 let kind = other.kind();
                 Self::backend(kind, "sandbox runtime", other)

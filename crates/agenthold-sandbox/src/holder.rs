@@ -11,9 +11,13 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
 use agenthold_egress::netns::NetNs;
-use bollard::models::{ContainerCreateBody, EndpointIpamConfig, EndpointSettings, HostConfig, NetworkConnectRequest,
-    NetworkDisconnectRequest, RestartPolicy, RestartPolicyNameEnum};
-use bollard::query_parameters::{CreateContainerOptionsBuilder, InspectContainerOptions, StartContainerOptions};
+use bollard::models::{
+    ContainerCreateBody, EndpointIpamConfig, EndpointSettings, HostConfig, NetworkConnectRequest,
+    NetworkDisconnectRequest, RestartPolicy, RestartPolicyNameEnum,
+};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, InspectContainerOptions, StartContainerOptions,
+};
 
 use crate::engine::Engine;
 use crate::error::{Error, Result, is_not_found};
@@ -54,7 +58,9 @@ impl Holder {
         }
         let (running, pid) = inspect(engine, &name).await?;
         if !running || pid == 0 {
-            return Err(Error::Unavailable { problem: format!("the gateway container {name} does not stay up") });
+            return Err(Error::Unavailable {
+                problem: format!("the gateway container {name} does not stay up"),
+            });
         }
         let holder = Self { container: name, pid };
         agenthold_egress::nft::harden(&holder.netns())?;
@@ -98,7 +104,10 @@ impl Holder {
         let ns = self.netns();
         if find_iface(&ns, join_addr)?.is_none() {
             // A container on the `none` network cannot join another one until it leaves `none`.
-            let disconnect = NetworkDisconnectRequest { container: self.container.clone(), force: Some(true) };
+            let disconnect = NetworkDisconnectRequest {
+                container: self.container.clone(),
+                force: Some(true),
+            };
             match engine.docker.disconnect_network("none", disconnect).await {
                 Ok(()) => {}
                 Err(e) if is_not_found(&e) || e.to_string().contains("not connected") => {}
@@ -121,7 +130,10 @@ impl Holder {
                 .map_err(|e| Error::engine(format!("connect the gateway to {}", net.name), e))?;
         }
         let iface = find_iface(&ns, join_addr)?.ok_or_else(|| Error::Unavailable {
-            problem: format!("the gateway joined {} but has no interface with {join_addr}", net.name),
+            problem: format!(
+                "the gateway joined {} but has no interface with {join_addr}",
+                net.name
+            ),
         })?;
         let gateway = net.gateway_addr();
         if find_iface(&ns, gateway)?.is_none() {
@@ -135,12 +147,18 @@ impl Holder {
     /// # Errors
     /// When the engine fails.
     pub async fn leave(&self, engine: &Engine, net: &AgentNetwork) -> Result<()> {
-        let request = NetworkDisconnectRequest { container: self.container.clone(), force: Some(true) };
+        let request = NetworkDisconnectRequest {
+            container: self.container.clone(),
+            force: Some(true),
+        };
         match engine.docker.disconnect_network(&net.name, request).await {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) if e.to_string().contains("not connected") => Ok(()),
-            Err(e) => Err(Error::engine(format!("disconnect the gateway from {}", net.name), e)),
+            Err(e) => Err(Error::engine(
+                format!("disconnect the gateway from {}", net.name),
+                e,
+            )),
         }
     }
 }
@@ -154,12 +172,17 @@ fn find_iface(ns: &NetNs, addr: Ipv4Addr) -> Result<Option<String>> {
         let mut words = line.split_whitespace();
         let iface = words.nth(1)?;
         let inet = words.skip_while(|w| *w != "inet").nth(1)?;
-        inet.starts_with(&wanted).then(|| iface.split('@').next().unwrap_or(iface).to_owned())
+        inet.starts_with(&wanted)
+            .then(|| iface.split('@').next().unwrap_or(iface).to_owned())
     }))
 }
 
 async fn exists(engine: &Engine, name: &str) -> Result<bool> {
-    match engine.docker.inspect_container(name, None::<InspectContainerOptions>).await {
+    match engine
+        .docker
+        .inspect_container(name, None::<InspectContainerOptions>)
+        .await
+    {
         Ok(_) => Ok(true),
         Err(e) if is_not_found(&e) => Ok(false),
         Err(e) => Err(Error::engine(format!("inspect {name}"), e)),
@@ -197,7 +220,10 @@ async fn create(engine: &Engine, name: &str, image: &str) -> Result<()> {
         host_config: Some(HostConfig {
             network_mode: Some("none".to_owned()),
             sysctls: Some(sysctls),
-            restart_policy: Some(RestartPolicy { name: Some(RestartPolicyNameEnum::NO), maximum_retry_count: None }),
+            restart_policy: Some(RestartPolicy {
+                name: Some(RestartPolicyNameEnum::NO),
+                maximum_retry_count: None,
+            }),
             cap_drop: Some(vec!["ALL".to_owned()]),
             readonly_rootfs: Some(true),
             security_opt: Some(vec!["no-new-privileges".to_owned()]),

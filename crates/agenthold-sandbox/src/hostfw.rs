@@ -18,15 +18,22 @@ pub const HOST_TABLE: &str = "agenthold_host";
 fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<std::process::Output> {
     let mut child = Command::new(program)
         .args(args)
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| Error::io(format!("run {program} (is it installed?)"), e))?;
     if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(text.as_bytes()).map_err(|e| Error::io(format!("write to {program}"), e))?;
+        pipe.write_all(text.as_bytes())
+            .map_err(|e| Error::io(format!("write to {program}"), e))?;
     }
-    child.wait_with_output().map_err(|e| Error::io(format!("wait for {program}"), e))
+    child
+        .wait_with_output()
+        .map_err(|e| Error::io(format!("wait for {program}"), e))
 }
 
 fn checked(program: &str, args: &[&str], stdin: Option<&str>) -> Result<()> {
@@ -47,8 +54,14 @@ fn checked(program: &str, args: &[&str], stdin: Option<&str>) -> Result<()> {
 /// When iptables is missing or refuses.
 pub fn allow_bridge(bridge: &str) -> Result<()> {
     let rule = ["DOCKER-USER", "-i", bridge, "-o", bridge, "-j", "ACCEPT"];
-    let exists = run("iptables", &[&["-C"], &rule[..]].concat(), None)?.status.success();
-    if exists { Ok(()) } else { checked("iptables", &[&["-I"], &rule[..]].concat(), None) }
+    let exists = run("iptables", &[&["-C"], &rule[..]].concat(), None)?
+        .status
+        .success();
+    if exists {
+        Ok(())
+    } else {
+        checked("iptables", &[&["-I"], &rule[..]].concat(), None)
+    }
 }
 
 /// Remove the bridge's `DOCKER-USER` accept (idempotent).
@@ -57,7 +70,10 @@ pub fn allow_bridge(bridge: &str) -> Result<()> {
 /// When iptables is missing.
 pub fn disallow_bridge(bridge: &str) -> Result<()> {
     let rule = ["DOCKER-USER", "-i", bridge, "-o", bridge, "-j", "ACCEPT"];
-    while run("iptables", &[&["-C"], &rule[..]].concat(), None)?.status.success() {
+    while run("iptables", &[&["-C"], &rule[..]].concat(), None)?
+        .status
+        .success()
+    {
         checked("iptables", &[&["-D"], &rule[..]].concat(), None)?;
     }
     Ok(())
@@ -71,7 +87,11 @@ pub fn disallow_bridge(bridge: &str) -> Result<()> {
 pub fn apply_host_table(bridges: &[String]) -> Result<()> {
     let mut script = format!("add table inet {HOST_TABLE}\ndelete table inet {HOST_TABLE}\n");
     if !bridges.is_empty() {
-        let set = bridges.iter().map(|b| format!("\"{b}\"")).collect::<Vec<_>>().join(", ");
+        let set = bridges
+            .iter()
+            .map(|b| format!("\"{b}\""))
+            .collect::<Vec<_>>()
+            .join(", ");
         script.push_str(&format!(
             "table inet {HOST_TABLE} {{\n  chain input {{\n    type filter hook input priority -5; policy accept;\n    \
              iifname {{ {set} }} counter drop comment \"agent bridges never reach the host\"\n  }}\n}}\n"

@@ -80,8 +80,15 @@ pub async fn allocate_subnet(docker: &Docker, pool: Ipv4Net, taken: &HashSet<Ipv
         .collect();
     let free = pool
         .subnets(24)
-        .map_err(|e| Error::BadInput { problem: format!("subnet pool {pool}: {e}") })?
-        .find(|s| !taken.contains(s) && !used.iter().any(|u| u.contains(&s.network()) || s.contains(&u.network())));
+        .map_err(|e| Error::BadInput {
+            problem: format!("subnet pool {pool}: {e}"),
+        })?
+        .find(|s| {
+            !taken.contains(s)
+                && !used
+                    .iter()
+                    .any(|u| u.contains(&s.network()) || s.contains(&u.network()))
+        });
     free.ok_or_else(|| Error::Unavailable {
         problem: format!("no free /24 left in the subnet pool {pool} (sandbox.subnet_pool)"),
     })
@@ -97,12 +104,21 @@ pub async fn create(engine: &Engine, agent: &AgentId, net: &AgentNetwork) -> Res
     }
     let mut options = HashMap::from([
         ("com.docker.network.bridge.name".to_owned(), net.bridge.clone()),
-        ("com.docker.network.bridge.enable_icc".to_owned(), "true".to_owned()),
+        (
+            "com.docker.network.bridge.enable_icc".to_owned(),
+            "true".to_owned(),
+        ),
     ]);
     if engine.isolated_gateway_mode() {
-        options.insert("com.docker.network.bridge.gateway_mode_ipv4".to_owned(), "isolated".to_owned());
+        options.insert(
+            "com.docker.network.bridge.gateway_mode_ipv4".to_owned(),
+            "isolated".to_owned(),
+        );
     } else {
-        options.insert("com.docker.network.bridge.inhibit_ipv4".to_owned(), "true".to_owned());
+        options.insert(
+            "com.docker.network.bridge.inhibit_ipv4".to_owned(),
+            "true".to_owned(),
+        );
     }
     let request = NetworkCreateRequest {
         name: net.name.clone(),
@@ -123,7 +139,11 @@ pub async fn create(engine: &Engine, agent: &AgentId, net: &AgentNetwork) -> Res
         labels: Some(engine.labels(Some(agent), "network")),
         ..Default::default()
     };
-    engine.docker.create_network(request).await.map_err(|e| Error::engine(format!("create network {}", net.name), e))?;
+    engine
+        .docker
+        .create_network(request)
+        .await
+        .map_err(|e| Error::engine(format!("create network {}", net.name), e))?;
     Ok(())
 }
 
@@ -144,7 +164,10 @@ pub async fn remove(docker: &Docker, name: &str) -> Result<()> {
 /// # Errors
 /// When the engine fails.
 pub async fn exists(docker: &Docker, name: &str) -> Result<bool> {
-    match docker.inspect_network(name, None::<bollard::query_parameters::InspectNetworkOptions>).await {
+    match docker
+        .inspect_network(name, None::<bollard::query_parameters::InspectNetworkOptions>)
+        .await
+    {
         Ok(_) => Ok(true),
         Err(e) if is_not_found(&e) => Ok(false),
         Err(e) => Err(Error::engine(format!("inspect network {name}"), e)),

@@ -158,7 +158,12 @@ impl TunnelServer {
         let t = agents.get_mut(agent).ok_or("unknown agent")?;
         let expected = t.token_hash.ok_or("sandbox not running")?;
         // Compare hashes in constant time: no early exit on the first differing byte.
-        if presented.iter().zip(expected.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
+        if presented
+            .iter()
+            .zip(expected.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            != 0
+        {
             return Err("bad token");
         }
         t.generation += 1;
@@ -198,7 +203,9 @@ impl TunnelServer {
             {
                 let mut agents = self.lock();
                 match agents.get_mut(agent) {
-                    Some(t) if t.generation == generation && t.token_hash.is_some() => t.last_seen = Some(Instant::now()),
+                    Some(t) if t.generation == generation && t.token_hash.is_some() => {
+                        t.last_seen = Some(Instant::now())
+                    }
                     // Revoked, or superseded by a newer tunnel.
                     _ => break,
                 }

@@ -41,13 +41,37 @@ use nix::unistd::{Gid, Pid, Uid, setgid, setgroups, setuid};
 /// planted there (a cron job, `/etc/ld.so.preload`, a shell profile) would run with full privileges
 /// later. `/tmp`, `/var/tmp`, `/home` and the working directory stay writable.
 const READ_ONLY: &[&str] = &[
-    "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/root", "/opt", "/srv",
-    "/var/lib", "/var/spool", "/var/cache", "/var/log", "/var/mail", "/var/opt", "/var/backups", "/var/local",
+    "/etc",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/boot",
+    "/root",
+    "/opt",
+    "/srv",
+    "/var/lib",
+    "/var/spool",
+    "/var/cache",
+    "/var/log",
+    "/var/mail",
+    "/var/opt",
+    "/var/backups",
+    "/var/local",
     "/sys",
 ];
 /// Kernel interfaces under the jail's own /proc made read-only: a capability-less root may still write
 /// many of them (`kernel.core_pattern` would run a program as full root on the next crash).
-const PROC_READ_ONLY: &[&str] = &["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"];
+const PROC_READ_ONLY: &[&str] = &[
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+    "/proc/irq",
+    "/proc/bus",
+    "/proc/fs",
+];
 /// Where the CA bundle is inside the jail (on its private `/run`, readable by any user).
 pub(crate) const JAIL_CA_BUNDLE: &str = "/run/agenthold/ca-bundle.pem";
 
@@ -130,9 +154,16 @@ pub(crate) fn stage_one(args: &JailArgs) -> Result<i32> {
     drop(ns);
     unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID).context("create mount and PID namespaces")?;
     // Keep our mounts from propagating back to the host's mount namespace.
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .context("make mounts private")?;
-    let resolv_target = std::fs::canonicalize("/etc/resolv.conf").unwrap_or_else(|_| "/etc/resolv.conf".into());
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .context("make mounts private")?;
+    let resolv_target =
+        std::fs::canonicalize("/etc/resolv.conf").unwrap_or_else(|_| "/etc/resolv.conf".into());
     let system_bundle = std::fs::canonicalize(crate::run::SYSTEM_BUNDLE).ok();
     hide_run()?;
     bind_read_only(&args.resolv, &resolv_target)?;
@@ -152,7 +183,11 @@ pub(crate) fn stage_one(args: &JailArgs) -> Result<i32> {
     }
     let exe = std::env::current_exe().context("find the agenthold executable")?;
     let mut init = Command::new(exe);
-    init.arg("__jail-init").arg("--netns").arg(&args.netns).arg("--resolv").arg(&args.resolv);
+    init.arg("__jail-init")
+        .arg("--netns")
+        .arg(&args.netns)
+        .arg("--resolv")
+        .arg(&args.resolv);
     if let Some(uid) = args.uid {
         init.arg("--uid").arg(uid.to_string());
     }
@@ -161,10 +196,16 @@ pub(crate) fn stage_one(args: &JailArgs) -> Result<i32> {
     }
     init.arg("--").args(&args.command);
     let mut child = init.spawn().context("start the jail's init")?;
-    target.store(i32::try_from(child.id()).context("pid out of range")?, Ordering::SeqCst);
+    target.store(
+        i32::try_from(child.id()).context("pid out of range")?,
+        Ordering::SeqCst,
+    );
     let status = child.wait().context("wait for the jail's init")?;
     use std::os::unix::process::ExitStatusExt;
-    Ok(status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1))
+    Ok(status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1))
 }
 
 /// Stage 2: PID 1 of the jail. Drops privileges, runs the command, reaps, returns the command's code.
@@ -201,7 +242,10 @@ pub(crate) fn stage_two(args: &JailArgs) -> Result<i32> {
     let pid = match spawn_unmasked(&args.command) {
         Ok(pid) => pid,
         Err(e) => {
-            eprintln!("agenthold: cannot run {:?}: {e}", args.command.first().map(|p| p.to_string_lossy()));
+            eprintln!(
+                "agenthold: cannot run {:?}: {e}",
+                args.command.first().map(|p| p.to_string_lossy())
+            );
             return Ok(if e == nix::errno::Errno::ENOENT { 127 } else { 126 });
         }
     };
@@ -231,7 +275,10 @@ fn spawn_unmasked(argv: &[OsString]) -> std::result::Result<Pid, nix::errno::Err
     use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags, posix_spawnp};
 
     let c = |bytes: &[u8]| CString::new(bytes).map_err(|_| nix::errno::Errno::EINVAL);
-    let args = argv.iter().map(|a| c(a.as_bytes())).collect::<std::result::Result<Vec<_>, _>>()?;
+    let args = argv
+        .iter()
+        .map(|a| c(a.as_bytes()))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     let program = args.first().ok_or(nix::errno::Errno::ENOENT)?;
     let env = std::env::vars_os()
         .map(|(k, v)| c(&[k.as_bytes(), b"=", v.as_bytes()].concat()))
@@ -247,10 +294,18 @@ fn spawn_unmasked(argv: &[OsString]) -> std::result::Result<Pid, nix::errno::Err
 
 /// Make `path` unreadable for the command: an empty tmpfs over a directory, an empty file over a file.
 fn hide(path: &Path) -> Result<()> {
-    let Ok(meta) = std::fs::metadata(path) else { return Ok(()) };
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
     if meta.is_dir() {
-        mount(Some("tmpfs"), path, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=64k"))
-            .with_context(|| format!("hide {}", path.display()))
+        mount(
+            Some("tmpfs"),
+            path,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0755,size=64k"),
+        )
+        .with_context(|| format!("hide {}", path.display()))
     } else {
         let empty = Path::new("/run/agenthold/empty");
         std::fs::create_dir_all("/run/agenthold").context("create /run/agenthold")?;
@@ -263,14 +318,28 @@ fn hide(path: &Path) -> Result<()> {
 /// its target is handled on its own) or missing. When the working directory lies below it, the working
 /// directory is bound back writable on top.
 fn read_only_dir(dir: &Path, cwd: Option<&Path>) -> Result<()> {
-    let Ok(meta) = std::fs::symlink_metadata(dir) else { return Ok(()) };
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
+        return Ok(());
+    };
     if !meta.is_dir() {
         return Ok(());
     }
-    mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>)
-        .with_context(|| format!("bind {}", dir.display()))?;
-    mount(None::<&str>, dir, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>)
-        .with_context(|| format!("make {} read-only", dir.display()))?;
+    mount(
+        Some(dir),
+        dir,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .with_context(|| format!("bind {}", dir.display()))?;
+    mount(
+        None::<&str>,
+        dir,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .with_context(|| format!("make {} read-only", dir.display()))?;
     if let Some(cwd) = cwd.filter(|c| c.starts_with(dir) && *c != dir) {
         mount(Some(cwd), cwd, None::<&str>, MsFlags::MS_BIND, None::<&str>)
             .with_context(|| format!("keep {} writable", cwd.display()))?;
@@ -281,8 +350,14 @@ fn read_only_dir(dir: &Path, cwd: Option<&Path>) -> Result<()> {
 /// Mount an empty tmpfs over /run so that host daemons' Unix sockets (docker, containerd, dbus, systemd)
 /// are out of reach.
 fn hide_run() -> Result<()> {
-    mount(Some("tmpfs"), "/run", Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755,size=16m"))
-        .context("mount a tmpfs over /run")
+    mount(
+        Some("tmpfs"),
+        "/run",
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755,size=16m"),
+    )
+    .context("mount a tmpfs over /run")
 }
 
 /// Put `source` at `target` read-only (the gateway's resolv.conf at the real path behind /etc/resolv.conf,
@@ -297,8 +372,14 @@ fn bind_read_only(source: &Path, target: &Path) -> Result<()> {
     }
     mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
         .with_context(|| format!("bind {} over {}", source.display(), target.display()))?;
-    mount(None::<&str>, target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>)
-        .with_context(|| format!("make {} read-only", target.display()))
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .with_context(|| format!("make {} read-only", target.display()))
 }
 
 /// Empty the bounding, ambient and inheritable sets, so no later exec can gain a capability. Done while
@@ -307,7 +388,8 @@ fn drop_bounding_set() -> Result<()> {
     use caps::CapSet;
     caps::clear(None, CapSet::Ambient).context("clear ambient capabilities")?;
     for cap in caps::runtime::thread_all_supported() {
-        caps::drop(None, CapSet::Bounding, cap).with_context(|| format!("drop {cap} from the bounding set"))?;
+        caps::drop(None, CapSet::Bounding, cap)
+            .with_context(|| format!("drop {cap} from the bounding set"))?;
     }
     caps::clear(None, CapSet::Inheritable).context("clear inheritable capabilities")
 }

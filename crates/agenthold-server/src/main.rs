@@ -67,5 +67,8 @@ fn jail_stage(result: anyhow::Result<i32>) -> i32 {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("AGENTHOLD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }

@@ -61,16 +61,29 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "FILE")]
     secrets: Option<PathBuf>,
     /// The command to run and its arguments.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "COMMAND")]
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required = true,
+        value_name = "COMMAND"
+    )]
     command: Vec<String>,
 }
 
 /// Parse `NAME:PORT=IP:PORT`.
 fn parse_connect_to(spec: &str) -> Result<(String, u16, SocketAddr)> {
-    let (from, to) = spec.split_once('=').with_context(|| format!("{spec:?}: expected NAME:PORT=IP:PORT"))?;
-    let (name, port) = from.rsplit_once(':').with_context(|| format!("{spec:?}: {from:?} has no port"))?;
-    let port: u16 = port.parse().with_context(|| format!("{spec:?}: bad port {port:?}"))?;
-    let to: SocketAddr = to.parse().with_context(|| format!("{spec:?}: {to:?} is not IP:PORT"))?;
+    let (from, to) = spec
+        .split_once('=')
+        .with_context(|| format!("{spec:?}: expected NAME:PORT=IP:PORT"))?;
+    let (name, port) = from
+        .rsplit_once(':')
+        .with_context(|| format!("{spec:?}: {from:?} has no port"))?;
+    let port: u16 = port
+        .parse()
+        .with_context(|| format!("{spec:?}: bad port {port:?}"))?;
+    let to: SocketAddr = to
+        .parse()
+        .with_context(|| format!("{spec:?}: {to:?} is not IP:PORT"))?;
     let name = agenthold_core::policy::normalize_name(name).with_context(|| format!("{spec:?}"))?;
     Ok((name, port, to))
 }
@@ -93,15 +106,25 @@ struct Plan {
 }
 
 fn plan(args: &RunArgs) -> Result<Plan> {
-    let entries: Vec<PolicyEntry> = args.allow.iter().map(|e| PolicyEntry::parse(e)).collect::<Result<_, _>>()?;
+    let entries: Vec<PolicyEntry> = args
+        .allow
+        .iter()
+        .map(|e| PolicyEntry::parse(e))
+        .collect::<Result<_, _>>()?;
     let mode = match (entries.is_empty(), args.report_only) {
         (true, false) => PolicyMode::Open,
         (_, true) => PolicyMode::ReportOnly,
         (false, false) => PolicyMode::Allowlist,
     };
-    let connect_to = args.dangerous_connect_to.iter().map(|s| parse_connect_to(s)).collect::<Result<_>>()?;
+    let connect_to = args
+        .dangerous_connect_to
+        .iter()
+        .map(|s| parse_connect_to(s))
+        .collect::<Result<_>>()?;
     let upstream_ca_pem = match &args.dangerous_upstream_ca {
-        Some(p) => Some(std::fs::read(p).with_context(|| format!("--dangerous-upstream-ca {}", p.display()))?),
+        Some(p) => {
+            Some(std::fs::read(p).with_context(|| format!("--dangerous-upstream-ca {}", p.display()))?)
+        }
         None => None,
     };
     let secrets = match &args.secrets {
@@ -120,7 +143,10 @@ fn plan(args: &RunArgs) -> Result<Plan> {
     Ok(Plan {
         policy: NetworkPolicy { mode, entries },
         secrets,
-        dangerous: Dangerous { connect_to, upstream_ca_pem },
+        dangerous: Dangerous {
+            connect_to,
+            upstream_ca_pem,
+        },
         config,
         data_dir,
         dns_upstream,
@@ -156,9 +182,27 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
         prepared = prepare(args, plan) => prepared?,
         signal = signals.next() => return Ok(128 + signal as i32),
     };
-    let Prepared { net, gateway, log_writer, resolv, bundle, env, hide, secret_values } = prepared;
-    let status =
-        run_jailed(&net.sandbox, &resolv, &bundle, &args.command, &env, &hide, &secret_values, &mut signals).await?;
+    let Prepared {
+        net,
+        gateway,
+        log_writer,
+        resolv,
+        bundle,
+        env,
+        hide,
+        secret_values,
+    } = prepared;
+    let status = run_jailed(
+        &net.sandbox,
+        &resolv,
+        &bundle,
+        &args.command,
+        &env,
+        &hide,
+        &secret_values,
+        &mut signals,
+    )
+    .await?;
 
     // Let connections the command left open close and get logged, then stop.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -202,7 +246,9 @@ async fn prepare(args: &RunArgs, plan: Plan) -> Result<Prepared> {
     let agent = AgentId::new("run").context("agent id")?;
     let policies = Arc::new(PolicyTable::new());
     policies.set(agent.clone(), plan.policy);
-    let ca = Arc::new(CertificateAuthority::load_or_create(&plan.data_dir.join("egress"))?);
+    let ca = Arc::new(CertificateAuthority::load_or_create(
+        &plan.data_dir.join("egress"),
+    )?);
     let secrets = Arc::new(SecretTable::new(plan.config.egress.leak_guard));
     let secret_values: Vec<Vec<u8>> = plan.secrets.iter().map(|s| s.value.expose().to_vec()).collect();
     let placeholders = secrets.set(&agent, plan.secrets);
@@ -218,7 +264,10 @@ async fn prepare(args: &RunArgs, plan: Plan) -> Result<Prepared> {
     let sockets = AgentSockets {
         transparent: Some(net.gateway.bind_tcp(bind(ports.proxy))?),
         explicit: Some(net.gateway.bind_tcp(bind(ports.explicit))?),
-        dns: Some((net.gateway.bind_udp(bind(ports.dns))?, net.gateway.bind_tcp(bind(ports.dns))?)),
+        dns: Some((
+            net.gateway.bind_udp(bind(ports.dns))?,
+            net.gateway.bind_tcp(bind(ports.dns))?,
+        )),
     };
     let log_writer = match &args.log {
         Some(path) => Some(spawn_log_writer(path, gateway.log().subscribe()).await?),
@@ -228,8 +277,11 @@ async fn prepare(args: &RunArgs, plan: Plan) -> Result<Prepared> {
 
     let files = net.dir(&run_dir)?;
     let resolv = files.join("resolv.conf");
-    std::fs::write(&resolv, format!("nameserver {GATEWAY_ADDR}\noptions timeout:2 attempts:2\n"))
-        .with_context(|| format!("write {}", resolv.display()))?;
+    std::fs::write(
+        &resolv,
+        format!("nameserver {GATEWAY_ADDR}\noptions timeout:2 attempts:2\n"),
+    )
+    .with_context(|| format!("write {}", resolv.display()))?;
     let bundle = write_ca_bundle(&files, &ca)?;
     let proxy = format!("http://{GATEWAY_ADDR}:{}", ports.explicit);
     let mut env = BTreeMap::new();
@@ -254,7 +306,16 @@ async fn prepare(args: &RunArgs, plan: Plan) -> Result<Prepared> {
     if let Ok(key) = plan.config.master_key_file() {
         hide.push(key);
     }
-    Ok(Prepared { net, gateway, log_writer, resolv, bundle, env, hide, secret_values })
+    Ok(Prepared {
+        net,
+        gateway,
+        log_writer,
+        resolv,
+        bundle,
+        env,
+        hide,
+        secret_values,
+    })
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught for the whole run.
@@ -284,8 +345,14 @@ impl Signals {
 }
 
 /// Environment variables that point TLS clients at the CA bundle (E14).
-const CA_ENV: [&str; 6] =
-    ["SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "AWS_CA_BUNDLE"];
+const CA_ENV: [&str; 6] = [
+    "SSL_CERT_FILE",
+    "NODE_EXTRA_CA_CERTS",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+    "AWS_CA_BUNDLE",
+];
 
 /// The system's roots plus the installation's CA, for the command to trust.
 fn write_ca_bundle(dir: &Path, ca: &CertificateAuthority) -> Result<PathBuf> {
@@ -315,25 +382,39 @@ async fn run_jailed(
 ) -> Result<ExitStatus> {
     let exe = std::env::current_exe().context("find the agenthold executable")?;
     let mut cmd = tokio::process::Command::new(exe);
-    cmd.arg("__jail").arg("--netns").arg(sandbox.path()).arg("--resolv").arg(resolv).arg("--ca-bundle").arg(bundle);
+    cmd.arg("__jail")
+        .arg("--netns")
+        .arg(sandbox.path())
+        .arg("--resolv")
+        .arg(resolv)
+        .arg("--ca-bundle")
+        .arg(bundle);
     for path in hide {
         cmd.arg("--hide").arg(path);
     }
     if let Some((uid, gid)) = sudo_caller() {
-        cmd.arg("--uid").arg(uid.to_string()).arg("--gid").arg(gid.to_string());
+        cmd.arg("--uid")
+            .arg(uid.to_string())
+            .arg("--gid")
+            .arg(gid.to_string());
     }
     // The command gets this process's environment minus anything that carries a secret (a `value_env`
     // source, the master key), plus the datapath's variables.
     cmd.env_clear();
     for (key, value) in std::env::vars_os() {
-        let carries_secret = secret_values.iter().any(|s| s.len() >= 4 && contains(value.as_encoded_bytes(), s));
+        let carries_secret = secret_values
+            .iter()
+            .any(|s| s.len() >= 4 && contains(value.as_encoded_bytes(), s));
         if key != "AGENTHOLD_MASTER_KEY" && !carries_secret {
             cmd.env(key, value);
         }
     }
     cmd.arg("--").args(command).envs(env).kill_on_drop(true);
     let mut child = cmd.spawn().context("start the jailed command")?;
-    let pid = child.id().and_then(|p| i32::try_from(p).ok()).map(nix::unistd::Pid::from_raw);
+    let pid = child
+        .id()
+        .and_then(|p| i32::try_from(p).ok())
+        .map(nix::unistd::Pid::from_raw);
     loop {
         let forward = tokio::select! {
             status = child.wait() => return status.context("wait for the command"),
@@ -359,7 +440,10 @@ fn sudo_caller() -> Option<(u32, u32)> {
 
 fn exit_code(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(1)
+    status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1)
 }
 
 /// Write every log entry as a JSON line until the log closes.
@@ -367,7 +451,9 @@ async fn spawn_log_writer(
     path: &Path,
     mut rx: tokio::sync::broadcast::Receiver<Arc<agenthold_egress::log::LogEntry>>,
 ) -> Result<tokio::task::JoinHandle<Result<()>>> {
-    let file = tokio::fs::File::create(path).await.with_context(|| format!("create {}", path.display()))?;
+    let file = tokio::fs::File::create(path)
+        .await
+        .with_context(|| format!("create {}", path.display()))?;
     let path = path.to_owned();
     Ok(tokio::spawn(async move {
         let mut out = tokio::io::BufWriter::new(file);
@@ -383,7 +469,9 @@ async fn spawn_log_writer(
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
             }
         }
-        out.flush().await.with_context(|| format!("write {}", path.display()))
+        out.flush()
+            .await
+            .with_context(|| format!("write {}", path.display()))
     }))
 }
 
@@ -407,13 +495,21 @@ impl RunNet {
                 return Err(e.into());
             }
         };
-        let net = Self { gateway, sandbox, gateway_iface: format!("ahg{tag}"), base };
+        let net = Self {
+            gateway,
+            sandbox,
+            gateway_iface: format!("ahg{tag}"),
+            base,
+        };
         let sandbox_iface = format!("ahs{tag}");
-        net.gateway.veth_pair(&net.gateway_iface, &net.sandbox, &sandbox_iface)?;
+        net.gateway
+            .veth_pair(&net.gateway_iface, &net.sandbox, &sandbox_iface)?;
         net.gateway.link_up("lo")?;
         net.sandbox.link_up("lo")?;
-        net.gateway.add_address(&net.gateway_iface, ipnet::IpNet::new(GATEWAY_ADDR.into(), 24)?)?;
-        net.sandbox.add_address(&sandbox_iface, ipnet::IpNet::new(SANDBOX_ADDR.into(), 24)?)?;
+        net.gateway
+            .add_address(&net.gateway_iface, ipnet::IpNet::new(GATEWAY_ADDR.into(), 24)?)?;
+        net.sandbox
+            .add_address(&sandbox_iface, ipnet::IpNet::new(SANDBOX_ADDR.into(), 24)?)?;
         net.gateway.link_up(&net.gateway_iface)?;
         net.sandbox.link_up(&sandbox_iface)?;
         net.sandbox.add_default_route(GATEWAY_ADDR.into())?;
@@ -463,11 +559,17 @@ fn random_tag() -> String {
 
 /// Remove namespaces left by runs whose process no longer exists (killed with SIGKILL).
 fn remove_stale_namespaces() {
-    let Ok(dir) = std::fs::read_dir("/var/run/netns") else { return };
+    let Ok(dir) = std::fs::read_dir("/var/run/netns") else {
+        return;
+    };
     for entry in dir.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = name.strip_prefix(NS_PREFIX) else { continue };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Some(rest) = name.strip_prefix(NS_PREFIX) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
         if !Path::new(&format!("/proc/{pid}")).exists() {
             let _ = NetNs::named(&name).delete();
         }
@@ -481,16 +583,31 @@ mod tests {
     #[test]
     fn connect_to_specs() {
         let (n, p, a) = parse_connect_to("API.example.test:443=127.0.0.1:8443").unwrap();
-        assert_eq!((n.as_str(), p, a), ("api.example.test", 443, "127.0.0.1:8443".parse().unwrap()));
-        for bad in ["x", "a.test=1.2.3.4:1", "a.test:x=1.2.3.4:1", "a.test:1=1.2.3.4", "a b:1=1.2.3.4:5"] {
+        assert_eq!(
+            (n.as_str(), p, a),
+            ("api.example.test", 443, "127.0.0.1:8443".parse().unwrap())
+        );
+        for bad in [
+            "x",
+            "a.test=1.2.3.4:1",
+            "a.test:x=1.2.3.4:1",
+            "a.test:1=1.2.3.4",
+            "a b:1=1.2.3.4:5",
+        ] {
             assert!(parse_connect_to(bad).is_err(), "{bad}");
         }
     }
 
     #[test]
     fn dns_upstream_forms() {
-        assert_eq!(parse_dns_upstream("127.0.0.1:5353").unwrap(), "127.0.0.1:5353".parse().unwrap());
-        assert_eq!(parse_dns_upstream("10.0.0.1").unwrap(), "10.0.0.1:53".parse().unwrap());
+        assert_eq!(
+            parse_dns_upstream("127.0.0.1:5353").unwrap(),
+            "127.0.0.1:5353".parse().unwrap()
+        );
+        assert_eq!(
+            parse_dns_upstream("10.0.0.1").unwrap(),
+            "10.0.0.1:53".parse().unwrap()
+        );
         assert!(parse_dns_upstream("dns.example").is_err());
     }
 }

@@ -77,7 +77,9 @@ fn spec(e: Entry, env: &impl Fn(&str) -> Option<String>) -> Result<SecretSpec> {
         }
         SecretSpec::preset(&name, Preset::from_name(preset)?, value, e.env.as_deref())?
     } else {
-        let hosts = e.hosts.with_context(|| format!("secret {name:?}: `hosts` is required without a preset"))?;
+        let hosts = e
+            .hosts
+            .with_context(|| format!("secret {name:?}: `hosts` is required without a preset"))?;
         if let Some(path) = &e.token_path {
             let access = e
                 .access_secret
@@ -86,13 +88,18 @@ fn spec(e: Entry, env: &impl Fn(&str) -> Option<String>) -> Result<SecretSpec> {
             if e.header.is_some() || e.template.is_some() || e.login || !e.paths.is_empty() {
                 bail!("secret {name:?}: a token refresh takes hosts, token_path and access_secret only");
             }
-            let rule = SecretRule::token_refresh(&hosts, path, access).with_context(|| format!("secret {name:?}"))?;
+            let rule = SecretRule::token_refresh(&hosts, path, access)
+                .with_context(|| format!("secret {name:?}"))?;
             return Ok(SecretSpec::new(&name, value, e.env.as_deref(), vec![rule])?);
         }
-        let header = e.header.with_context(|| format!("secret {name:?}: `header` is required without a preset"))?;
+        let header = e
+            .header
+            .with_context(|| format!("secret {name:?}: `header` is required without a preset"))?;
         let rule = if e.login {
             if e.template.is_some() {
-                bail!("secret {name:?}: a login rule replaces the placeholder in place and takes no template");
+                bail!(
+                    "secret {name:?}: a login rule replaces the placeholder in place and takes no template"
+                );
             }
             SecretRule::login(&hosts, &header, &e.paths)
         } else {
@@ -153,13 +160,28 @@ mod tests {
     fn bad_files_say_what_is_wrong() {
         for (text, needle) in [
             ("- name: a\n  hosts: [x.test]\n  header: h\n", "exactly one"),
-            ("- name: a\n  value: v\n  value_env: TOKEN\n  hosts: [x.test]\n  header: h\n", "exactly one"),
-            ("- name: a\n  value_env: NOPE\n  hosts: [x.test]\n  header: h\n", "NOPE"),
+            (
+                "- name: a\n  value: v\n  value_env: TOKEN\n  hosts: [x.test]\n  header: h\n",
+                "exactly one",
+            ),
+            (
+                "- name: a\n  value_env: NOPE\n  hosts: [x.test]\n  header: h\n",
+                "NOPE",
+            ),
             ("- name: a\n  value: v\n  header: h\n", "hosts"),
             ("- name: a\n  value: v\n  preset: nope\n", "known presets"),
-            ("- name: a\n  value: v\n  preset: github\n  hosts: [x.test]\n", "preset takes only"),
-            ("- name: a\n  value: v\n  hosts: [x.test]\n  header: h\n  template: \"{{.Nope}}\"\n", "template"),
-            ("- name: a\n  value: v\n  hosts: [x.test]\n  header: h\n  color: red\n", "color"),
+            (
+                "- name: a\n  value: v\n  preset: github\n  hosts: [x.test]\n",
+                "preset takes only",
+            ),
+            (
+                "- name: a\n  value: v\n  hosts: [x.test]\n  header: h\n  template: \"{{.Nope}}\"\n",
+                "template",
+            ),
+            (
+                "- name: a\n  value: v\n  hosts: [x.test]\n  header: h\n  color: red\n",
+                "color",
+            ),
             ("name: a\n", "list"),
         ] {
             let err = format!("{:#}", parse(text, env).unwrap_err());

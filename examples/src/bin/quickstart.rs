@@ -35,7 +35,11 @@ async fn main() -> anyhow::Result<()> {
         "api-key",
         "sk-quickstart-real-value".into(),
         Some("API_KEY"),
-        vec![SecretRule::header(&["api.example.com"], "Authorization", "Bearer {{.Value}}")?],
+        vec![SecretRule::header(
+            &["api.example.com"],
+            "Authorization",
+            "Bearer {{.Value}}",
+        )?],
     )?;
     let _ = Preset::ALL; // presets exist for anthropic, openai, github, gitlab, openrouter
     let spec = SandboxSpec {
@@ -51,9 +55,16 @@ async fn main() -> anyhow::Result<()> {
                   curl -sS --noproxy '*' https://api.example.com/v1/transparent -o /dev/null -w 'transparent path: %{http_code}\\n'; \
                   curl -sS -m 5 https://example.org/ || echo 'example.org: refused (not on the allowlist)'";
     let out = runtime.exec(&agent, &["sh", "-c", script]).await?;
-    println!("--- command output (exit {}) ---\n{}", out.exit_code, String::from_utf8_lossy(&out.stdout));
+    println!(
+        "--- command output (exit {}) ---\n{}",
+        out.exit_code,
+        String::from_utf8_lossy(&out.stdout)
+    );
     if let Some(seen) = upstream.requests().last() {
-        println!("--- the upstream received Authorization: {:?}", seen.header("authorization"));
+        println!(
+            "--- the upstream received Authorization: {:?}",
+            seen.header("authorization")
+        );
     }
     println!("--- request log ---");
     for entry in runtime.request_log(&agent) {

@@ -104,7 +104,10 @@ impl PolicyEntry {
     /// # Errors
     /// [`Error::PolicyEntry`] naming the entry and what is wrong with it.
     pub fn parse(entry: &str) -> Result<Self, Error> {
-        parse_entry(entry).map_err(|problem| Error::PolicyEntry { entry: entry.to_owned(), problem })
+        parse_entry(entry).map_err(|problem| Error::PolicyEntry {
+            entry: entry.to_owned(),
+            problem,
+        })
     }
 
     /// Whether this entry covers the (normalised) `name` on `port`.
@@ -172,15 +175,23 @@ fn parse_entry(raw: &str) -> Result<PolicyEntry, String> {
         Some("*") => PortSpec::Any,
         Some(p) => PortSpec::One(parse_port(p)?),
     };
-    Ok(PolicyEntry { host: parse_host(host)?, ports })
+    Ok(PolicyEntry {
+        host: parse_host(host)?,
+        ports,
+    })
 }
 
 /// Split `host[:port]`, where an IPv6 host is bracketed.
 fn split_port(entry: &str) -> Result<(&str, Option<&str>), String> {
     if let Some(rest) = entry.strip_prefix('[') {
-        let (inside, after) =
-            rest.split_once(']').ok_or_else(|| "an IPv6 address must be closed with ']'".to_owned())?;
-        if inside.split('/').next().is_none_or(|a| a.parse::<std::net::Ipv6Addr>().is_err()) {
+        let (inside, after) = rest
+            .split_once(']')
+            .ok_or_else(|| "an IPv6 address must be closed with ']'".to_owned())?;
+        if inside
+            .split('/')
+            .next()
+            .is_none_or(|a| a.parse::<std::net::Ipv6Addr>().is_err())
+        {
             return Err("brackets are only for IPv6 addresses, like [2001:db8::/32]:443".into());
         }
         return match after {
@@ -193,7 +204,10 @@ fn split_port(entry: &str) -> Result<(&str, Option<&str>), String> {
     }
     match entry.matches(':').count() {
         0 => Ok((entry, None)),
-        1 => entry.split_once(':').map(|(h, p)| (h, Some(p))).ok_or_else(String::new),
+        1 => entry
+            .split_once(':')
+            .map(|(h, p)| (h, Some(p)))
+            .ok_or_else(String::new),
         _ => Err("an IPv6 address must be written in brackets, like [2001:db8::/32]:443".into()),
     }
 }
@@ -228,7 +242,9 @@ fn parse_host(host: &str) -> Result<HostPattern, String> {
     if host.contains('*') {
         return Err("a wildcard is only allowed as a leading '*.' (like *.npmjs.org)".into());
     }
-    normalize_name(host).map(HostPattern::Exact).map_err(|e| name_problem(&e))
+    normalize_name(host)
+        .map(HostPattern::Exact)
+        .map_err(|e| name_problem(&e))
 }
 
 fn name_problem(e: &Error) -> String {
@@ -246,7 +262,9 @@ fn parse_network(host: &str) -> Result<Option<IpNet>, String> {
     };
     let Ok(addr) = addr.parse::<IpAddr>() else {
         return match len {
-            Some(_) => Err("entries are host[:port]; a '/' is only allowed in an address prefix like 10.0.0.0/8".into()),
+            Some(_) => Err(
+                "entries are host[:port]; a '/' is only allowed in an address prefix like 10.0.0.0/8".into(),
+            ),
             None => Ok(None),
         };
     };
@@ -260,7 +278,10 @@ fn parse_network(host: &str) -> Result<Option<IpNet>, String> {
     };
     let net = IpNet::new(addr, len).map_err(|e| e.to_string())?;
     if net.network() != addr {
-        return Err(format!("address has bits set outside the /{len} prefix; did you mean {}?", net.trunc()));
+        return Err(format!(
+            "address has bits set outside the /{len} prefix; did you mean {}?",
+            net.trunc()
+        ));
     }
     Ok(Some(net))
 }
@@ -275,25 +296,46 @@ mod tests {
 
     #[test]
     fn parses_the_documented_forms() {
-        assert_eq!(p("github.com"), PolicyEntry { host: HostPattern::Exact("github.com".into()), ports: PortSpec::Web });
+        assert_eq!(
+            p("github.com"),
+            PolicyEntry {
+                host: HostPattern::Exact("github.com".into()),
+                ports: PortSpec::Web
+            }
+        );
         assert_eq!(
             p("*.npmjs.org"),
-            PolicyEntry { host: HostPattern::Subdomains("npmjs.org".into()), ports: PortSpec::Web }
+            PolicyEntry {
+                host: HostPattern::Subdomains("npmjs.org".into()),
+                ports: PortSpec::Web
+            }
         );
         assert_eq!(p("github.com:22").ports, PortSpec::One(22));
         assert_eq!(p("registry.example.com:*").ports, PortSpec::Any);
         let net = p("203.0.113.0/24:443");
         assert_eq!(net.host, HostPattern::Network("203.0.113.0/24".parse().unwrap()));
         assert_eq!(net.ports, PortSpec::One(443));
-        assert_eq!(p("[2001:db8::/32]:443").host, HostPattern::Network("2001:db8::/32".parse().unwrap()));
-        assert_eq!(p("[2001:db8::1]").host, HostPattern::Network("2001:db8::1/128".parse().unwrap()));
-        assert_eq!(p("198.51.100.7").host, HostPattern::Network("198.51.100.7/32".parse().unwrap()));
+        assert_eq!(
+            p("[2001:db8::/32]:443").host,
+            HostPattern::Network("2001:db8::/32".parse().unwrap())
+        );
+        assert_eq!(
+            p("[2001:db8::1]").host,
+            HostPattern::Network("2001:db8::1/128".parse().unwrap())
+        );
+        assert_eq!(
+            p("198.51.100.7").host,
+            HostPattern::Network("198.51.100.7/32".parse().unwrap())
+        );
     }
 
     #[test]
     fn normalises_names_once() {
         assert_eq!(p("GitHub.com.").to_string(), "github.com");
-        assert_eq!(p("*.Bücher.example:8443").to_string(), "*.xn--bcher-kva.example:8443");
+        assert_eq!(
+            p("*.Bücher.example:8443").to_string(),
+            "*.xn--bcher-kva.example:8443"
+        );
         assert_eq!(p("  github.com  ").to_string(), "github.com");
     }
 

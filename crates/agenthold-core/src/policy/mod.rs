@@ -61,13 +61,21 @@ impl Destination {
     /// A destination known by name.
     #[must_use]
     pub fn name(name: impl Into<String>, port: u16) -> Self {
-        Self { name: Some(name.into()), addr: None, port }
+        Self {
+            name: Some(name.into()),
+            addr: None,
+            port,
+        }
     }
 
     /// A destination known only by address.
     #[must_use]
     pub fn addr(addr: IpAddr, port: u16) -> Self {
-        Self { name: None, addr: Some(addr), port }
+        Self {
+            name: None,
+            addr: Some(addr),
+            port,
+        }
     }
 }
 
@@ -156,13 +164,19 @@ impl NetworkPolicy {
     /// The open policy: any public destination.
     #[must_use]
     pub fn open() -> Self {
-        Self { mode: PolicyMode::Open, entries: Vec::new() }
+        Self {
+            mode: PolicyMode::Open,
+            entries: Vec::new(),
+        }
     }
 
     /// An allowlist of already parsed entries.
     #[must_use]
     pub fn allowlist(entries: Vec<PolicyEntry>) -> Self {
-        Self { mode: PolicyMode::Allowlist, entries }
+        Self {
+            mode: PolicyMode::Allowlist,
+            entries,
+        }
     }
 
     /// Parse entries into a policy of the given mode.
@@ -170,7 +184,10 @@ impl NetworkPolicy {
     /// # Errors
     /// The first entry that does not parse, as [`Error::PolicyEntry`].
     pub fn parse<S: AsRef<str>>(mode: PolicyMode, entries: &[S]) -> Result<Self, Error> {
-        let entries = entries.iter().map(|e| PolicyEntry::parse(e.as_ref())).collect::<Result<_, _>>()?;
+        let entries = entries
+            .iter()
+            .map(|e| PolicyEntry::parse(e.as_ref()))
+            .collect::<Result<_, _>>()?;
         Ok(Self { mode, entries })
     }
 
@@ -253,21 +270,27 @@ impl PolicyTable {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<AgentId, Arc<NetworkPolicy>>> {
         // A panic while holding the lock cannot leave the map half-updated (insert/remove are atomic with
         // respect to the map), so a poisoned lock is still consistent.
-        self.policies.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.policies
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<AgentId, Arc<NetworkPolicy>>> {
-        self.policies.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.policies
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
 impl EgressPolicy for PolicyTable {
     fn decide(&self, agent: &AgentId, dest: &Destination) -> Verdict {
-        self.get(agent).map_or(Verdict::Denied(DenyReason::UnknownAgent), |p| p.decide(dest))
+        self.get(agent)
+            .map_or(Verdict::Denied(DenyReason::UnknownAgent), |p| p.decide(dest))
     }
 
     fn may_resolve(&self, agent: &AgentId, name: &str) -> Verdict {
-        self.get(agent).map_or(Verdict::Denied(DenyReason::UnknownAgent), |p| p.may_resolve(name))
+        self.get(agent)
+            .map_or(Verdict::Denied(DenyReason::UnknownAgent), |p| p.may_resolve(name))
     }
 }
 
@@ -288,14 +311,28 @@ mod tests {
 
     #[test]
     fn allowlist_decides_by_name_and_port() {
-        let p = allow(&["github.com", "*.npmjs.org", "ssh.example.com:22", "198.51.100.0/24:443"]);
+        let p = allow(&[
+            "github.com",
+            "*.npmjs.org",
+            "ssh.example.com:22",
+            "198.51.100.0/24:443",
+        ]);
         assert!(p.decide(&Destination::name("github.com", 443)).is_allowed());
         assert!(!p.decide(&Destination::name("github.com", 22)).is_allowed());
-        assert!(p.decide(&Destination::name("registry.npmjs.org", 443)).is_allowed());
+        assert!(
+            p.decide(&Destination::name("registry.npmjs.org", 443))
+                .is_allowed()
+        );
         assert!(!p.decide(&Destination::name("npmjs.org", 443)).is_allowed());
         assert!(p.decide(&Destination::name("ssh.example.com", 22)).is_allowed());
-        assert!(p.decide(&Destination::addr("198.51.100.9".parse().unwrap(), 443)).is_allowed());
-        assert!(!p.decide(&Destination::addr("198.51.100.9".parse().unwrap(), 80)).is_allowed());
+        assert!(
+            p.decide(&Destination::addr("198.51.100.9".parse().unwrap(), 443))
+                .is_allowed()
+        );
+        assert!(
+            !p.decide(&Destination::addr("198.51.100.9".parse().unwrap(), 80))
+                .is_allowed()
+        );
         assert_eq!(
             p.decide(&Destination::name("evil.com", 443)),
             Verdict::Denied(DenyReason::NotInAllowlist)
@@ -336,7 +373,10 @@ mod tests {
     fn policy_serde_round_trip() {
         let p = allow(&["github.com:22", "*.npmjs.org"]);
         let json = serde_json::to_string(&p).unwrap();
-        assert_eq!(json, r#"{"mode":"allowlist","entries":["github.com:22","*.npmjs.org"]}"#);
+        assert_eq!(
+            json,
+            r#"{"mode":"allowlist","entries":["github.com:22","*.npmjs.org"]}"#
+        );
         assert_eq!(serde_json::from_str::<NetworkPolicy>(&json).unwrap(), p);
         assert!(serde_json::from_str::<NetworkPolicy>(r#"{"mode":"allowlist","entries":["a b"]}"#).is_err());
     }

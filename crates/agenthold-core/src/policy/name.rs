@@ -19,10 +19,17 @@ const MAX_LABEL_LEN: usize = 63;
 /// # Errors
 /// [`Error::HostName`] naming the input and what is wrong.
 pub fn normalize_name(input: &str) -> Result<String, Error> {
-    let bad = |problem: &str| Error::HostName { name: input.to_owned(), problem: problem.to_owned() };
+    let bad = |problem: &str| Error::HostName {
+        name: input.to_owned(),
+        problem: problem.to_owned(),
+    };
     // Plain ASCII without punycode labels is the hot path (SNI and Host headers): lower-case it. Anything
     // else goes through IDNA, which also validates `xn--` labels.
-    let needs_idna = !input.is_ascii() || input.to_ascii_lowercase().split('.').any(|l| l.starts_with("xn--"));
+    let needs_idna = !input.is_ascii()
+        || input
+            .to_ascii_lowercase()
+            .split('.')
+            .any(|l| l.starts_with("xn--"));
     let mapped = if needs_idna {
         idna::domain_to_ascii(input).map_err(|_| bad("not a valid internationalised domain name"))?
     } else {
@@ -43,7 +50,10 @@ pub fn normalize_name(input: &str) -> Result<String, Error> {
         if label.len() > MAX_LABEL_LEN {
             return Err(bad("label longer than 63 characters"));
         }
-        if !label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_') {
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        {
             return Err(bad("labels may contain only letters, digits, '-' and '_'"));
         }
     }
@@ -58,7 +68,8 @@ pub fn normalize_name(input: &str) -> Result<String, Error> {
 /// Whether a label would be read as a number by an IPv4 parser (decimal, octal or `0x` hex).
 fn looks_numeric(label: &str) -> bool {
     let digits = label.strip_prefix("0x").unwrap_or(label);
-    !label.is_empty() && (digits.is_empty() || digits.bytes().all(|b| b.is_ascii_hexdigit()))
+    !label.is_empty()
+        && (digits.is_empty() || digits.bytes().all(|b| b.is_ascii_hexdigit()))
         && (label.starts_with("0x") || label.bytes().all(|b| b.is_ascii_digit()))
 }
 
@@ -70,8 +81,14 @@ mod tests {
     fn normalises() {
         assert_eq!(normalize_name("GitHub.COM.").unwrap(), "github.com");
         assert_eq!(normalize_name("bücher.example").unwrap(), "xn--bcher-kva.example");
-        assert_eq!(normalize_name("xn--bcher-kva.example").unwrap(), "xn--bcher-kva.example");
-        assert_eq!(normalize_name("_dmarc.example.com").unwrap(), "_dmarc.example.com");
+        assert_eq!(
+            normalize_name("xn--bcher-kva.example").unwrap(),
+            "xn--bcher-kva.example"
+        );
+        assert_eq!(
+            normalize_name("_dmarc.example.com").unwrap(),
+            "_dmarc.example.com"
+        );
         assert_eq!(normalize_name("localhost").unwrap(), "localhost");
         assert_eq!(normalize_name("github.com\u{3002}").unwrap(), "github.com");
         assert_eq!(normalize_name("github\u{ff0e}com").unwrap(), "github.com");
@@ -80,8 +97,23 @@ mod tests {
     #[test]
     fn rejects() {
         for bad in [
-            "", ".", "a..b", "a b.com", "a/b", "a:b", "1.2.3.4", "0x7f.1", "2130706433", "a.0x1f", "a.123",
-            "*.x.com", "a@b.com", "a\0b.com", "xn--zz.example", "..", "a.b..",
+            "",
+            ".",
+            "a..b",
+            "a b.com",
+            "a/b",
+            "a:b",
+            "1.2.3.4",
+            "0x7f.1",
+            "2130706433",
+            "a.0x1f",
+            "a.123",
+            "*.x.com",
+            "a@b.com",
+            "a\0b.com",
+            "xn--zz.example",
+            "..",
+            "a.b..",
         ] {
             assert!(normalize_name(bad).is_err(), "{bad:?} accepted");
         }

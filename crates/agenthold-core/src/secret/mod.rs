@@ -107,11 +107,17 @@ impl SecretRule {
         let template = Template::parse(template)?;
         // Literals are the only part of a rendering a value cannot vouch for: check them once, here.
         if let Some(problem) = header_value_problem(&template.render(b"x")) {
-            return Err(bad_rule(format!("template {:?} renders a value that {problem}", template.source())));
+            return Err(bad_rule(format!(
+                "template {:?} renders a value that {problem}",
+                template.source()
+            )));
         }
         Ok(Self {
             hosts: parse_rule_hosts(hosts)?,
-            kind: RuleKind::Header { header: parse_header_name(header)?, template },
+            kind: RuleKind::Header {
+                header: parse_header_name(header)?,
+                template,
+            },
         })
     }
 
@@ -133,7 +139,10 @@ impl SecretRule {
             .collect::<Result<_, _>>()?;
         Ok(Self {
             hosts: parse_rule_hosts(hosts)?,
-            kind: RuleKind::Login { header: parse_header_name(header)?, path_prefixes },
+            kind: RuleKind::Login {
+                header: parse_header_name(header)?,
+                path_prefixes,
+            },
         })
     }
 
@@ -147,7 +156,10 @@ impl SecretRule {
         }
         Ok(Self {
             hosts: parse_rule_hosts(hosts)?,
-            kind: RuleKind::TokenRefresh { path: path.to_owned(), access_secret: access_secret.to_owned() },
+            kind: RuleKind::TokenRefresh {
+                path: path.to_owned(),
+                access_secret: access_secret.to_owned(),
+            },
         })
     }
 
@@ -162,9 +174,21 @@ impl SecretRule {
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 enum RuleRepr {
-    Header { hosts: Vec<String>, header: String, template: String },
-    Login { hosts: Vec<String>, header: String, paths: Vec<String> },
-    TokenRefresh { hosts: Vec<String>, path: String, access_secret: String },
+    Header {
+        hosts: Vec<String>,
+        header: String,
+        template: String,
+    },
+    Login {
+        hosts: Vec<String>,
+        header: String,
+        paths: Vec<String>,
+    },
+    TokenRefresh {
+        hosts: Vec<String>,
+        path: String,
+        access_secret: String,
+    },
 }
 
 impl From<SecretRule> for RuleRepr {
@@ -180,9 +204,24 @@ impl From<SecretRule> for RuleRepr {
             })
             .collect();
         match rule.kind {
-            RuleKind::Header { header, template } => Self::Header { hosts, header, template: template.source().to_owned() },
-            RuleKind::Login { header, path_prefixes } => Self::Login { hosts, header, paths: path_prefixes },
-            RuleKind::TokenRefresh { path, access_secret } => Self::TokenRefresh { hosts, path, access_secret },
+            RuleKind::Header { header, template } => Self::Header {
+                hosts,
+                header,
+                template: template.source().to_owned(),
+            },
+            RuleKind::Login {
+                header,
+                path_prefixes,
+            } => Self::Login {
+                hosts,
+                header,
+                paths: path_prefixes,
+            },
+            RuleKind::TokenRefresh { path, access_secret } => Self::TokenRefresh {
+                hosts,
+                path,
+                access_secret,
+            },
         }
     }
 }
@@ -191,15 +230,26 @@ impl TryFrom<RuleRepr> for SecretRule {
     type Error = Error;
     fn try_from(repr: RuleRepr) -> Result<Self, Error> {
         match repr {
-            RuleRepr::Header { hosts, header, template } => Self::header(&hosts, &header, &template),
+            RuleRepr::Header {
+                hosts,
+                header,
+                template,
+            } => Self::header(&hosts, &header, &template),
             RuleRepr::Login { hosts, header, paths } => Self::login(&hosts, &header, &paths),
-            RuleRepr::TokenRefresh { hosts, path, access_secret } => Self::token_refresh(&hosts, &path, &access_secret),
+            RuleRepr::TokenRefresh {
+                hosts,
+                path,
+                access_secret,
+            } => Self::token_refresh(&hosts, &path, &access_secret),
         }
     }
 }
 
 fn bad_rule(problem: String) -> Error {
-    Error::Secret { name: String::new(), problem }
+    Error::Secret {
+        name: String::new(),
+        problem,
+    }
 }
 
 /// Parse rule hosts: names and `*.` wildcards, without ports or addresses.
@@ -213,7 +263,9 @@ fn parse_rule_hosts<S: AsRef<str>>(hosts: &[S]) -> Result<Vec<HostPattern>, Erro
             let h = h.as_ref();
             let entry = PolicyEntry::parse(h).map_err(|e| bad_rule(e.to_string()))?;
             match (entry.host, entry.ports) {
-                (HostPattern::Network(_), _) => Err(bad_rule(format!("rule host {h:?} must be a name, not an address"))),
+                (HostPattern::Network(_), _) => Err(bad_rule(format!(
+                    "rule host {h:?} must be a name, not an address"
+                ))),
                 (_, PortSpec::One(_) | PortSpec::Any) => {
                     Err(bad_rule(format!("rule host {h:?} must not have a port")))
                 }
@@ -238,7 +290,11 @@ pub(crate) fn header_value_problem(bytes: &[u8]) -> Option<&'static str> {
 /// Validate an HTTP header name (RFC 9110 token) and lower-case it.
 fn parse_header_name(name: &str) -> Result<String, Error> {
     const SPECIALS: &[u8] = b"!#$%&'*+-.^_`|~";
-    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || SPECIALS.contains(&b)) {
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || SPECIALS.contains(&b))
+    {
         return Err(bad_rule(format!("{name:?} is not a valid HTTP header name")));
     }
     Ok(name.to_ascii_lowercase())
@@ -267,7 +323,13 @@ pub enum Preset {
 
 impl Preset {
     /// Every preset.
-    pub const ALL: [Self; 5] = [Self::Anthropic, Self::OpenAi, Self::GitHub, Self::GitLab, Self::OpenRouter];
+    pub const ALL: [Self; 5] = [
+        Self::Anthropic,
+        Self::OpenAi,
+        Self::GitHub,
+        Self::GitLab,
+        Self::OpenRouter,
+    ];
 
     /// The preset's lower-case name.
     #[must_use]
@@ -286,13 +348,16 @@ impl Preset {
     /// # Errors
     /// [`Error::Secret`] listing the known presets.
     pub fn from_name(name: &str) -> Result<Self, Error> {
-        Self::ALL.into_iter().find(|p| p.name().eq_ignore_ascii_case(name)).ok_or_else(|| Error::Secret {
-            name: name.to_owned(),
-            problem: format!(
-                "unknown preset; known presets: {}",
-                Self::ALL.map(Self::name).join(", ")
-            ),
-        })
+        Self::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(name))
+            .ok_or_else(|| Error::Secret {
+                name: name.to_owned(),
+                problem: format!(
+                    "unknown preset; known presets: {}",
+                    Self::ALL.map(Self::name).join(", ")
+                ),
+            })
     }
 
     /// The preset's rules.
@@ -310,7 +375,11 @@ impl Preset {
             Self::OpenAi => vec![rule("api.openai.com", "authorization", "Bearer {{.Value}}")],
             Self::GitHub => vec![
                 rule("api.github.com", "authorization", "Bearer {{.Value}}"),
-                rule("github.com", "authorization", r#"Basic {{base64 (print "x-access-token:" .Value)}}"#),
+                rule(
+                    "github.com",
+                    "authorization",
+                    r#"Basic {{base64 (print "x-access-token:" .Value)}}"#,
+                ),
             ],
             Self::GitLab => vec![rule("gitlab.com", "authorization", "Bearer {{.Value}}")],
             Self::OpenRouter => vec![rule("openrouter.ai", "authorization", "Bearer {{.Value}}")],
@@ -343,12 +412,19 @@ impl SecretSpec {
         env: Option<&str>,
         rules: Vec<SecretRule>,
     ) -> Result<Self, Error> {
-        let fail = |problem: String| Error::Secret { name: name.to_owned(), problem };
+        let fail = |problem: String| Error::Secret {
+            name: name.to_owned(),
+            problem,
+        };
         if name.is_empty()
             || name.len() > 64
-            || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
         {
-            return Err(fail("names are 1-64 characters of letters, digits, '_', '-' and '.'".into()));
+            return Err(fail(
+                "names are 1-64 characters of letters, digits, '_', '-' and '.'".into(),
+            ));
         }
         if let Some(env) = env
             && (env.is_empty()
@@ -361,9 +437,16 @@ impl SecretSpec {
             return Err(fail("a secret needs at least one rule".into()));
         }
         if let Some(problem) = header_value_problem(value.expose()) {
-            return Err(fail(format!("the value {problem}; it must be usable in an HTTP header")));
+            return Err(fail(format!(
+                "the value {problem}; it must be usable in an HTTP header"
+            )));
         }
-        Ok(Self { name: name.to_owned(), value, env: env.map(str::to_owned), rules })
+        Ok(Self {
+            name: name.to_owned(),
+            value,
+            env: env.map(str::to_owned),
+            rules,
+        })
     }
 
     /// A secret with a preset's rules.
@@ -496,7 +579,10 @@ mod tests {
             (&["example.com"][..], ""),
             (&empty[..], "a"),
         ] {
-            assert!(SecretRule::header(hosts, header, "{{.Value}}").is_err(), "{hosts:?} {header:?}");
+            assert!(
+                SecretRule::header(hosts, header, "{{.Value}}").is_err(),
+                "{hosts:?} {header:?}"
+            );
         }
         assert!(SecretRule::login(&["chatgpt.com"], "authorization", &["backend-api/"]).is_err());
     }
@@ -504,7 +590,12 @@ mod tests {
     #[test]
     fn rules_round_trip_through_json_and_are_validated() {
         for rule in [
-            SecretRule::header(&["api.example.com", "*.example.org"], "X-Key", "Bearer {{.Value}}").unwrap(),
+            SecretRule::header(
+                &["api.example.com", "*.example.org"],
+                "X-Key",
+                "Bearer {{.Value}}",
+            )
+            .unwrap(),
             SecretRule::login(&["chatgpt.com"], "authorization", &["/backend-api/"]).unwrap(),
             SecretRule::token_refresh(&["auth.openai.com"], "/oauth/token", "access").unwrap(),
         ] {
@@ -523,7 +614,12 @@ mod tests {
         }
         let gh = SecretSpec::preset("gh", Preset::GitHub, "t".into(), None).unwrap();
         assert!(gh.covers("github.com") && gh.covers("api.github.com") && !gh.covers("gist.github.com"));
-        assert!(Preset::from_name("nope").unwrap_err().to_string().contains("anthropic"));
+        assert!(
+            Preset::from_name("nope")
+                .unwrap_err()
+                .to_string()
+                .contains("anthropic")
+        );
     }
 
     #[test]

@@ -15,8 +15,8 @@ use memchr::memmem;
 use zeroize::Zeroizing;
 
 use super::{
-    header_value_problem, InjectOutcome, PLACEHOLDER_PREFIX, RequestHead, RuleKind, SecretInjector, SecretSpec, SecretValue,
-    new_placeholder,
+    InjectOutcome, PLACEHOLDER_PREFIX, RequestHead, RuleKind, SecretInjector, SecretSpec, SecretValue,
+    header_value_problem, new_placeholder,
 };
 use crate::config::LeakGuard;
 use crate::ids::AgentId;
@@ -54,7 +54,10 @@ pub struct SecretTable {
 impl std::fmt::Debug for SecretTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let agents = self.agents.read().unwrap_or_else(PoisonError::into_inner).len();
-        f.debug_struct("SecretTable").field("agents", &agents).field("leak_guard", &self.leak_guard).finish()
+        f.debug_struct("SecretTable")
+            .field("agents", &agents)
+            .field("leak_guard", &self.leak_guard)
+            .finish()
     }
 }
 
@@ -62,7 +65,11 @@ impl SecretTable {
     /// An empty table with the given leak-guard behaviour.
     #[must_use]
     pub fn new(leak_guard: LeakGuard) -> Self {
-        Self { agents: RwLock::default(), leak_guard, on_update: None }
+        Self {
+            agents: RwLock::default(),
+            leak_guard,
+            on_update: None,
+        }
     }
 
     /// Call `on_update` whenever a token refresh renews one of an agent's secrets.
@@ -79,7 +86,10 @@ impl SecretTable {
         let with = secrets
             .into_iter()
             .map(|spec| {
-                let kept = old.iter().flat_map(|v| v.iter()).find(|a| a.spec.name == spec.name);
+                let kept = old
+                    .iter()
+                    .flat_map(|v| v.iter())
+                    .find(|a| a.spec.name == spec.name);
                 let placeholder = kept.map_or_else(new_placeholder, |a| a.placeholder.clone());
                 (spec, placeholder)
             })
@@ -89,11 +99,20 @@ impl SecretTable {
 
     /// Attach secrets with known placeholders (restoring an agent after a restart: the sandbox still holds
     /// the old ones).
-    pub fn set_with_placeholders(&self, agent: &AgentId, secrets: Vec<(SecretSpec, String)>) -> Vec<Placeholder> {
-        let attached: Vec<Attached> =
-            secrets.into_iter().map(|(spec, placeholder)| Attached { spec, placeholder }).collect();
+    pub fn set_with_placeholders(
+        &self,
+        agent: &AgentId,
+        secrets: Vec<(SecretSpec, String)>,
+    ) -> Vec<Placeholder> {
+        let attached: Vec<Attached> = secrets
+            .into_iter()
+            .map(|(spec, placeholder)| Attached { spec, placeholder })
+            .collect();
         let out = placeholders_of(&attached);
-        self.agents.write().unwrap_or_else(PoisonError::into_inner).insert(agent.clone(), Arc::new(attached));
+        self.agents
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(agent.clone(), Arc::new(attached));
         out
     }
 
@@ -106,7 +125,9 @@ impl SecretTable {
     /// Replace the value of `agent`'s secret `name` (a refreshed token); false when there is no such secret.
     pub fn update_value(&self, agent: &AgentId, name: &str, value: &SecretValue) -> bool {
         let mut agents = self.agents.write().unwrap_or_else(PoisonError::into_inner);
-        let Some(current) = agents.get(agent) else { return false };
+        let Some(current) = agents.get(agent) else {
+            return false;
+        };
         let mut updated = false;
         let next: Vec<Attached> = current
             .iter()
@@ -116,7 +137,10 @@ impl SecretTable {
                     spec.value = value.clone();
                     updated = true;
                 }
-                Attached { spec, placeholder: a.placeholder.clone() }
+                Attached {
+                    spec,
+                    placeholder: a.placeholder.clone(),
+                }
             })
             .collect();
         agents.insert(agent.clone(), Arc::new(next));
@@ -125,18 +149,29 @@ impl SecretTable {
 
     /// Forget `agent`'s secrets.
     pub fn remove(&self, agent: &AgentId) {
-        self.agents.write().unwrap_or_else(PoisonError::into_inner).remove(agent);
+        self.agents
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(agent);
     }
 
     fn get(&self, agent: &AgentId) -> Option<Arc<Vec<Attached>>> {
-        self.agents.read().unwrap_or_else(PoisonError::into_inner).get(agent).cloned()
+        self.agents
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(agent)
+            .cloned()
     }
 }
 
 fn placeholders_of(attached: &[Attached]) -> Vec<Placeholder> {
     attached
         .iter()
-        .map(|a| Placeholder { name: a.spec.name.clone(), env: a.spec.env.clone(), placeholder: a.placeholder.clone() })
+        .map(|a| Placeholder {
+            name: a.spec.name.clone(),
+            env: a.spec.env.clone(),
+            placeholder: a.placeholder.clone(),
+        })
         .collect()
 }
 
@@ -196,24 +231,34 @@ impl SecretInjector for SecretTable {
     }
 
     fn intercepts(&self, agent: &AgentId, host: &str) -> bool {
-        self.get(agent).is_some_and(|a| a.iter().any(|s| s.spec.covers(host)))
+        self.get(agent)
+            .is_some_and(|a| a.iter().any(|s| s.spec.covers(host)))
     }
 
     fn rewrite(&self, agent: &AgentId, tls_host: Option<&str>, head: &mut RequestHead) -> InjectOutcome {
         let Some(secrets) = self.get(agent) else {
-            return InjectOutcome::Forward { injected: Vec::new(), leaked: Vec::new() };
+            return InjectOutcome::Forward {
+                injected: Vec::new(),
+                leaked: Vec::new(),
+            };
         };
         if let Some(sni) = tls_host
             && head.host != sni
         {
             // A request for another host on a connection opened for a rule host: no secret goes with it.
-            return InjectOutcome::Refuse { status: 421, reason: DenyReason::HostMismatch, secret: None };
+            return InjectOutcome::Refuse {
+                status: 421,
+                reason: DenyReason::HostMismatch,
+                secret: None,
+            };
         }
         if tls_host.is_some()
             && head.method == "POST"
             && let Some(s) = refresh_secret(&secrets, &head.host, &head.path_and_query)
         {
-            return InjectOutcome::Refresh { secret: s.spec.name.clone() };
+            return InjectOutcome::Refresh {
+                secret: s.spec.name.clone(),
+            };
         }
         // The leak guard: a placeholder heading anywhere its secret may not go.
         let mut leaked = Vec::new();
@@ -248,7 +293,10 @@ impl SecretInjector for SecretTable {
                         replace_everywhere(head, &s.placeholder, s.spec.value.expose());
                         true
                     }
-                    RuleKind::Login { header, path_prefixes } => {
+                    RuleKind::Login {
+                        header,
+                        path_prefixes,
+                    } => {
                         path_allowed(&head.path_and_query, path_prefixes)
                             && replace_in_header(head, header, &s.placeholder, s.spec.value.expose())
                     }
@@ -318,9 +366,10 @@ impl SecretInjector for SecretTable {
 fn refresh_secret<'a>(secrets: &'a [Attached], host: &str, path_and_query: &str) -> Option<&'a Attached> {
     let path = path_and_query.split('?').next().unwrap_or_default();
     secrets.iter().find(|s| {
-        s.spec.rules.iter().any(|r| {
-            r.covers(host) && matches!(&r.kind, RuleKind::TokenRefresh { path: p, .. } if p == path)
-        })
+        s.spec
+            .rules
+            .iter()
+            .any(|r| r.covers(host) && matches!(&r.kind, RuleKind::TokenRefresh { path: p, .. } if p == path))
     })
 }
 
@@ -345,7 +394,11 @@ fn replace_everywhere(head: &mut RequestHead, placeholder: &str, value: &[u8]) {
         }
     }
     let encoded = percent_encode(value);
-    if let Some(new) = replace_all(head.path_and_query.as_bytes(), placeholder.as_bytes(), encoded.as_bytes()) {
+    if let Some(new) = replace_all(
+        head.path_and_query.as_bytes(),
+        placeholder.as_bytes(),
+        encoded.as_bytes(),
+    ) {
         // Only ASCII went in (the path was ASCII and the value is percent-encoded).
         head.path_and_query = String::from_utf8_lossy(&new).into_owned();
     }
@@ -375,12 +428,19 @@ mod tests {
             method: "GET".into(),
             host: host.into(),
             path_and_query: path.into(),
-            headers: headers.iter().map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec())).collect(),
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+                .collect(),
         }
     }
 
     fn header<'a>(h: &'a RequestHead, name: &str) -> Vec<&'a [u8]> {
-        h.headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_slice()).collect()
+        h.headers
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+            .collect()
     }
 
     fn table(guard: LeakGuard) -> (SecretTable, AgentId, String) {
@@ -401,9 +461,19 @@ mod tests {
     #[test]
     fn sets_the_header_and_replaces_placeholders_in_headers_and_query() {
         let (t, a, p) = table(LeakGuard::Block);
-        let mut h = head("api.example.test", &format!("/v1?key={p}&x=1"), &[("x-other", &format!("k={p}"))]);
+        let mut h = head(
+            "api.example.test",
+            &format!("/v1?key={p}&x=1"),
+            &[("x-other", &format!("k={p}"))],
+        );
         let out = t.rewrite(&a, Some("api.example.test"), &mut h);
-        assert_eq!(out, InjectOutcome::Forward { injected: vec!["api".into()], leaked: vec![] });
+        assert_eq!(
+            out,
+            InjectOutcome::Forward {
+                injected: vec!["api".into()],
+                leaked: vec![]
+            }
+        );
         assert_eq!(header(&h, "authorization"), [b"Bearer s3cr3t&=x".as_slice()]);
         assert_eq!(header(&h, "x-other"), [b"k=s3cr3t&=x".as_slice()]);
         assert_eq!(h.path_and_query, "/v1?key=s3cr3t%26%3Dx&x=1");
@@ -414,12 +484,26 @@ mod tests {
     fn plain_http_is_never_injected_and_placeholders_there_are_leaks() {
         let (t, a, p) = table(LeakGuard::Block);
         let mut h = head("api.example.test", "/", &[]);
-        assert_eq!(t.rewrite(&a, None, &mut h), InjectOutcome::Forward { injected: vec![], leaked: vec![] });
+        assert_eq!(
+            t.rewrite(&a, None, &mut h),
+            InjectOutcome::Forward {
+                injected: vec![],
+                leaked: vec![]
+            }
+        );
         assert!(header(&h, "authorization").is_empty());
-        let mut h = head("api.example.test", "/", &[("authorization", &format!("Bearer {p}"))]);
+        let mut h = head(
+            "api.example.test",
+            "/",
+            &[("authorization", &format!("Bearer {p}"))],
+        );
         assert!(matches!(
             t.rewrite(&a, None, &mut h),
-            InjectOutcome::Refuse { status: 403, reason: DenyReason::PlaceholderLeak, .. }
+            InjectOutcome::Refuse {
+                status: 403,
+                reason: DenyReason::PlaceholderLeak,
+                ..
+            }
         ));
     }
 
@@ -430,13 +514,26 @@ mod tests {
         let out = t.rewrite(&a, Some("echo.example.test"), &mut h);
         assert_eq!(
             out,
-            InjectOutcome::Refuse { status: 403, reason: DenyReason::PlaceholderLeak, secret: Some("api".into()) }
+            InjectOutcome::Refuse {
+                status: 403,
+                reason: DenyReason::PlaceholderLeak,
+                secret: Some("api".into())
+            }
         );
         let (t, a, p) = table(LeakGuard::Log);
         let mut h = head("echo.example.test", &format!("/?q={p}"), &[]);
         let out = t.rewrite(&a, Some("echo.example.test"), &mut h);
-        assert_eq!(out, InjectOutcome::Forward { injected: vec![], leaked: vec!["api".into()] });
-        assert!(h.path_and_query.contains(&p), "a leaked placeholder is never replaced");
+        assert_eq!(
+            out,
+            InjectOutcome::Forward {
+                injected: vec![],
+                leaked: vec!["api".into()]
+            }
+        );
+        assert!(
+            h.path_and_query.contains(&p),
+            "a leaked placeholder is never replaced"
+        );
     }
 
     #[test]
@@ -445,7 +542,11 @@ mod tests {
         let mut h = head("other.example.test", "/", &[]);
         assert!(matches!(
             t.rewrite(&a, Some("api.example.test"), &mut h),
-            InjectOutcome::Refuse { status: 421, reason: DenyReason::HostMismatch, secret: None }
+            InjectOutcome::Refuse {
+                status: 421,
+                reason: DenyReason::HostMismatch,
+                secret: None
+            }
         ));
         assert!(header(&h, "authorization").is_empty());
     }
@@ -454,10 +555,19 @@ mod tests {
     fn another_agents_placeholder_is_not_replaced() {
         let (t, _, p) = table(LeakGuard::Block);
         let b = AgentId::new("b").unwrap();
-        t.set(&b, vec![SecretSpec::preset("gh", Preset::GitHub, "ghp".into(), None).unwrap()]);
+        t.set(
+            &b,
+            vec![SecretSpec::preset("gh", Preset::GitHub, "ghp".into(), None).unwrap()],
+        );
         let mut h = head("api.example.test", "/", &[("x-key", &p)]);
         let out = t.rewrite(&b, Some("api.example.test"), &mut h);
-        assert_eq!(out, InjectOutcome::Forward { injected: vec![], leaked: vec![] });
+        assert_eq!(
+            out,
+            InjectOutcome::Forward {
+                injected: vec![],
+                leaked: vec![]
+            }
+        );
         assert_eq!(header(&h, "x-key"), [p.as_bytes()]);
         assert!(!t.intercepts(&b, "api.example.test"));
         assert!(t.intercepts(&b, "github.com"));
@@ -472,9 +582,19 @@ mod tests {
         let spec = SecretSpec::new("login", "tok".into(), Some("TOKEN"), vec![rule]).unwrap();
         let p = t.set(&a, vec![spec]).remove(0).placeholder;
         let auth = format!("Bearer {p}");
-        let mut h = head("chatgpt.com", "/backend-api/x", &[("authorization", &auth), ("x-copy", &p)]);
+        let mut h = head(
+            "chatgpt.com",
+            "/backend-api/x",
+            &[("authorization", &auth), ("x-copy", &p)],
+        );
         let out = t.rewrite(&a, Some("chatgpt.com"), &mut h);
-        assert_eq!(out, InjectOutcome::Forward { injected: vec!["login".into()], leaked: vec![] });
+        assert_eq!(
+            out,
+            InjectOutcome::Forward {
+                injected: vec!["login".into()],
+                leaked: vec![]
+            }
+        );
         assert_eq!(header(&h, "authorization"), [b"Bearer tok".as_slice()]);
         assert_eq!(header(&h, "x-copy"), [p.as_bytes()], "only the named header");
         let mut h = head("chatgpt.com", "/backend-api/x", &[]);
@@ -482,7 +602,11 @@ mod tests {
         assert!(header(&h, "authorization").is_empty(), "never added");
         let mut h = head("chatgpt.com", "/other", &[("authorization", &auth)]);
         t.rewrite(&a, Some("chatgpt.com"), &mut h);
-        assert_eq!(header(&h, "authorization"), [auth.as_bytes()], "outside the paths");
+        assert_eq!(
+            header(&h, "authorization"),
+            [auth.as_bytes()],
+            "outside the paths"
+        );
     }
 
     // covers: E15
@@ -491,7 +615,9 @@ mod tests {
         let updates = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen = Arc::clone(&updates);
         let t = SecretTable::new(LeakGuard::Block).with_on_update(Box::new(move |_, name, value| {
-            seen.lock().unwrap().push((name.to_owned(), value.expose().to_vec()));
+            seen.lock()
+                .unwrap()
+                .push((name.to_owned(), value.expose().to_vec()));
         }));
         let a = AgentId::new("a").unwrap();
         let access_rule = SecretRule::login(&["chatgpt.com"], "authorization", &["/backend-api/"]).unwrap();
@@ -506,22 +632,48 @@ mod tests {
         let (access_ph, refresh_ph) = (ph[0].placeholder.clone(), ph[1].placeholder.clone());
         let mut h = head("auth.openai.com", "/oauth/token", &[]);
         h.method = "POST".into();
-        assert_eq!(t.rewrite(&a, Some("auth.openai.com"), &mut h), InjectOutcome::Refresh { secret: "refresh".into() });
+        assert_eq!(
+            t.rewrite(&a, Some("auth.openai.com"), &mut h),
+            InjectOutcome::Refresh {
+                secret: "refresh".into()
+            }
+        );
         let body = format!(r#"{{"grant_type":"refresh_token","refresh_token":"{refresh_ph}"}}"#);
-        let up = t.refresh_request(&a, "refresh", "application/json", body.as_bytes()).unwrap();
-        assert_eq!(&up[..], br#"{"grant_type":"refresh_token","refresh_token":"rt-1"}"#);
-        assert!(t.refresh_request(&a, "refresh", "application/json", b"{}").is_none());
+        let up = t
+            .refresh_request(&a, "refresh", "application/json", body.as_bytes())
+            .unwrap();
+        assert_eq!(
+            &up[..],
+            br#"{"grant_type":"refresh_token","refresh_token":"rt-1"}"#
+        );
+        assert!(
+            t.refresh_request(&a, "refresh", "application/json", b"{}")
+                .is_none()
+        );
         let answer = br#"{"access_token":"at-2","refresh_token":"rt-2","id_token":"id","expires_in":3600}"#;
-        let out: serde_json::Value = serde_json::from_slice(&t.refresh_response(&a, "refresh", answer).unwrap()).unwrap();
+        let out: serde_json::Value =
+            serde_json::from_slice(&t.refresh_response(&a, "refresh", answer).unwrap()).unwrap();
         assert_eq!(out["access_token"], access_ph.as_str());
         assert_eq!(out["refresh_token"], refresh_ph.as_str());
         assert_eq!(out["id_token"], "id");
         let seen = updates.lock().unwrap().clone();
-        assert!(seen.contains(&("access".into(), b"at-2".to_vec())) && seen.contains(&("refresh".into(), b"rt-2".to_vec())));
-        let mut h = head("chatgpt.com", "/backend-api/me", &[("authorization", &format!("Bearer {access_ph}"))]);
+        assert!(
+            seen.contains(&("access".into(), b"at-2".to_vec()))
+                && seen.contains(&("refresh".into(), b"rt-2".to_vec()))
+        );
+        let mut h = head(
+            "chatgpt.com",
+            "/backend-api/me",
+            &[("authorization", &format!("Bearer {access_ph}"))],
+        );
         t.rewrite(&a, Some("chatgpt.com"), &mut h);
         assert_eq!(header(&h, "authorization"), [b"Bearer at-2".as_slice()]);
-        let up = t.refresh_request(&a, "refresh", "application/x-www-form-urlencoded", format!("refresh_token={refresh_ph}").as_bytes());
+        let up = t.refresh_request(
+            &a,
+            "refresh",
+            "application/x-www-form-urlencoded",
+            format!("refresh_token={refresh_ph}").as_bytes(),
+        );
         assert_eq!(&up.unwrap()[..], b"refresh_token=rt-2");
     }
 

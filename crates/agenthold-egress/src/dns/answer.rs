@@ -368,7 +368,10 @@ mod tests {
                 SvcParamKey::Ipv6Hint,
                 SvcParamValue::Ipv6Hint(IpHint(vec![AAAA::new(0x2606, 0x2800, 0, 0, 0, 0, 0, 1)])),
             ),
-            (SvcParamKey::EchConfigList, SvcParamValue::EchConfigList(EchConfigList(vec![0, 4, 1, 2, 3, 4]))),
+            (
+                SvcParamKey::EchConfigList,
+                SvcParamValue::EchConfigList(EchConfigList(vec![0, 4, 1, 2, 3, 4])),
+            ),
         ];
         m.add_answer(Record::from_rdata(
             name.clone(),

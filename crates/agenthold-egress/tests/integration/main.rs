@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod datapath;
+mod gateway;
 mod isolation;
 mod netns;
 mod ruleset;

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use agenthold_core::AgentId;
 use agenthold_core::sandbox::SandboxSpec;
 use bollard::body_full;
-use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType, RestartPolicy, RestartPolicyNameEnum};
+use bollard::models::{
+    ContainerCreateBody, HostConfig, Mount, MountType, RestartPolicy, RestartPolicyNameEnum,
+};
 use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainerOptions};
 use bytes::Bytes;
 
@@ -27,7 +29,13 @@ pub(crate) const CA_CERT: &str = "/.agenthold/ca.crt";
 pub(crate) const WORKSPACE: &str = "/workspace";
 
 /// Environment variables pointing TLS clients at the bundle (E14).
-const CA_ENV: [&str; 5] = ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "AWS_CA_BUNDLE"];
+const CA_ENV: [&str; 5] = [
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+    "AWS_CA_BUNDLE",
+];
 
 /// Names of an agent's engine objects.
 pub(crate) fn container_name(agent: &AgentId) -> String {
@@ -40,7 +48,12 @@ pub(crate) fn volume_name(agent: &AgentId) -> String {
 }
 
 /// The environment every sandbox gets: the datapath's (proxy, tunnel, CA) and then the spec's own.
-fn environment(agent: &AgentId, spec: &SandboxSpec, net: &AgentNetwork, config: &DockerConfig) -> Vec<String> {
+fn environment(
+    agent: &AgentId,
+    spec: &SandboxSpec,
+    net: &AgentNetwork,
+    config: &DockerConfig,
+) -> Vec<String> {
     let gateway = net.gateway_addr();
     let proxy = format!("http://{gateway}:{}", config.ports.explicit);
     let mut env = BTreeMap::new();
@@ -71,17 +84,24 @@ pub(crate) async fn create(
     net: &AgentNetwork,
     config: &DockerConfig,
 ) -> Result<()> {
-    let runtime = spec.runtime.clone().unwrap_or_else(|| config.default_runtime.clone());
+    let runtime = spec
+        .runtime
+        .clone()
+        .unwrap_or_else(|| config.default_runtime.clone());
     engine.check_runtime(&runtime)?;
     let cpus = spec.cpus.unwrap_or(config.cpus);
     if !(cpus > 0.0 && cpus.is_finite()) {
-        return Err(Error::BadInput { problem: format!("cpus must be a positive number, not {cpus}") });
+        return Err(Error::BadInput {
+            problem: format!("cpus must be a positive number, not {cpus}"),
+        });
     }
     // Rounding to whole nano-CPUs is the engine's own resolution.
     #[allow(clippy::cast_possible_truncation)]
     let nano_cpus = (cpus * 1e9) as i64;
-    let memory = i64::try_from(spec.memory_bytes.unwrap_or(config.memory_bytes))
-        .map_err(|_| Error::BadInput { problem: "memory limit too large".into() })?;
+    let memory =
+        i64::try_from(spec.memory_bytes.unwrap_or(config.memory_bytes)).map_err(|_| Error::BadInput {
+            problem: "memory limit too large".into(),
+        })?;
     let pids = i64::from(spec.pids.unwrap_or(config.pids));
     let mut labels = engine.labels(Some(agent), "sandbox");
     labels.extend(spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -102,7 +122,10 @@ pub(crate) async fn create(
     ];
     let body = ContainerCreateBody {
         image: Some(spec.image.clone()),
-        hostname: Some(format!("agent-{}", &agent.as_str()[..agent.as_str().len().min(20)])),
+        hostname: Some(format!(
+            "agent-{}",
+            &agent.as_str()[..agent.as_str().len().min(20)]
+        )),
         entrypoint: Some(vec![SANDBOXD.to_owned(), "boot".to_owned()]),
         env: Some(environment(agent, spec, net, config)),
         working_dir: Some(WORKSPACE.to_owned()),
@@ -122,13 +145,18 @@ pub(crate) async fn create(
             pids_limit: Some(pids),
             runtime: Some(runtime),
             mounts: Some(mounts),
-            restart_policy: Some(RestartPolicy { name: Some(RestartPolicyNameEnum::NO), maximum_retry_count: None }),
+            restart_policy: Some(RestartPolicy {
+                name: Some(RestartPolicyNameEnum::NO),
+                maximum_retry_count: None,
+            }),
             init: Some(false),
             ..Default::default()
         }),
         ..Default::default()
     };
-    let options = CreateContainerOptionsBuilder::default().name(&container_name(agent)).build();
+    let options = CreateContainerOptionsBuilder::default()
+        .name(&container_name(agent))
+        .build();
     engine
         .docker
         .create_container(Some(options), body)
@@ -138,15 +166,31 @@ pub(crate) async fn create(
 }
 
 /// Write the boot token and the CA into the (stopped) container, for sandboxd to pick up at start.
-pub(crate) async fn write_boot_files(engine: &Engine, agent: &AgentId, token: &str, ca_pem: &str) -> Result<()> {
+pub(crate) async fn write_boot_files(
+    engine: &Engine,
+    agent: &AgentId,
+    token: &str,
+    ca_pem: &str,
+) -> Result<()> {
     let tar = archive::pack(
         &[
-            Entry { path: ".agenthold/boot", mode: 0o400, data: token.as_bytes() },
-            Entry { path: ".agenthold/ca.crt", mode: 0o444, data: ca_pem.as_bytes() },
+            Entry {
+                path: ".agenthold/boot",
+                mode: 0o400,
+                data: token.as_bytes(),
+            },
+            Entry {
+                path: ".agenthold/ca.crt",
+                mode: 0o444,
+                data: ca_pem.as_bytes(),
+            },
         ],
         0o755,
     )?;
-    let options = UploadToContainerOptions { path: "/".to_owned(), ..Default::default() };
+    let options = UploadToContainerOptions {
+        path: "/".to_owned(),
+        ..Default::default()
+    };
     engine
         .docker
         .upload_to_container(&container_name(agent), Some(options), body_full(Bytes::from(tar)))

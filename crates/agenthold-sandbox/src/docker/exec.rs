@@ -39,7 +39,9 @@ pub struct ExecHandle {
 
 impl std::fmt::Debug for ExecHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExecHandle").field("id", &self.id).finish_non_exhaustive()
+        f.debug_struct("ExecHandle")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
     }
 }
 
@@ -48,7 +50,9 @@ impl ExecHandle {
     pub async fn next(&mut self) -> Option<Result<Chunk>> {
         loop {
             return match self.output.next().await? {
-                Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => Some(Ok(Chunk::Stdout(message))),
+                Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => {
+                    Some(Ok(Chunk::Stdout(message)))
+                }
                 Ok(LogOutput::StdErr { message }) => Some(Ok(Chunk::Stderr(message))),
                 Ok(LogOutput::StdIn { .. }) => continue,
                 Err(e) => Some(Err(Error::engine("read command output", e))),
@@ -63,8 +67,12 @@ impl ExecHandle {
     pub async fn wait(mut self) -> Result<i64> {
         while self.output.next().await.is_some() {}
         for _ in 0..100 {
-            let inspect =
-                self.engine.docker.inspect_exec(&self.exec_id).await.map_err(|e| Error::engine("inspect exec", e))?;
+            let inspect = self
+                .engine
+                .docker
+                .inspect_exec(&self.exec_id)
+                .await
+                .map_err(|e| Error::engine("inspect exec", e))?;
             if inspect.running != Some(true) {
                 return Ok(inspect.exit_code.unwrap_or(-1));
             }
@@ -78,10 +86,17 @@ impl ExecHandle {
 /// Start `request` in `agent`'s sandbox, through `sandboxd run`.
 pub(crate) async fn start(engine: &Engine, agent: &AgentId, mut request: ExecRequest) -> Result<ExecHandle> {
     if request.argv.is_empty() {
-        return Err(Error::BadInput { problem: "exec needs a command".into() });
+        return Err(Error::BadInput {
+            problem: "exec needs a command".into(),
+        });
     }
     let id = agenthold_core::AgentId::random().to_string();
-    let mut cmd = vec![SANDBOXD.to_owned(), "run".to_owned(), "--id".to_owned(), id.clone()];
+    let mut cmd = vec![
+        SANDBOXD.to_owned(),
+        "run".to_owned(),
+        "--id".to_owned(),
+        id.clone(),
+    ];
     if let Some(timeout) = request.timeout.take() {
         cmd.push("--timeout-ms".to_owned());
         cmd.push(timeout.as_millis().max(1).to_string());
@@ -110,12 +125,20 @@ pub(crate) async fn start_raw(engine: &Engine, agent: &AgentId, request: ExecReq
         ..Default::default()
     };
     let container = container_name(agent);
-    let created =
-        engine.docker.create_exec(&container, options).await.map_err(|e| Error::engine(format!("exec in {agent}"), e))?;
-    let started =
-        engine.docker.start_exec(&created.id, None).await.map_err(|e| Error::engine(format!("exec in {agent}"), e))?;
+    let created = engine
+        .docker
+        .create_exec(&container, options)
+        .await
+        .map_err(|e| Error::engine(format!("exec in {agent}"), e))?;
+    let started = engine
+        .docker
+        .start_exec(&created.id, None)
+        .await
+        .map_err(|e| Error::engine(format!("exec in {agent}"), e))?;
     let StartExecResults::Attached { output, mut input } = started else {
-        return Err(Error::Unavailable { problem: "the engine detached an attached exec".into() });
+        return Err(Error::Unavailable {
+            problem: "the engine detached an attached exec".into(),
+        });
     };
     if let Some(stdin) = request.stdin {
         // Feed stdin from a task so a command that writes before reading cannot deadlock us.
@@ -126,7 +149,12 @@ pub(crate) async fn start_raw(engine: &Engine, agent: &AgentId, request: ExecReq
     } else {
         let _ = input.shutdown().await;
     }
-    Ok(ExecHandle { id, exec_id: created.id, output, engine: engine.clone() })
+    Ok(ExecHandle {
+        id,
+        exec_id: created.id,
+        output,
+        engine: engine.clone(),
+    })
 }
 
 /// Run to completion and collect the output (each stream capped at [`MAX_CAPTURE`]).

@@ -77,7 +77,9 @@ pub struct DockerSandbox {
 
 impl std::fmt::Debug for DockerSandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DockerSandbox").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("DockerSandbox")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -127,7 +129,12 @@ impl DockerSandbox {
     /// When the engine fails.
     pub async fn cancel(&self, agent: &AgentId, exec_id: &str) -> Result<()> {
         let request = ExecRequest {
-            argv: vec![container::SANDBOXD.to_owned(), "kill".to_owned(), "--id".to_owned(), exec_id.to_owned()],
+            argv: vec![
+                container::SANDBOXD.to_owned(),
+                "kill".to_owned(),
+                "--id".to_owned(),
+                exec_id.to_owned(),
+            ],
             ..Default::default()
         };
         // `sandboxd kill` itself is not wrapped in `sandboxd run`: exec the binary directly.
@@ -143,7 +150,11 @@ impl DockerSandbox {
         container::write_boot_files(&self.engine, agent, &token, &self.config.ca_pem).await?;
         // Marked until the event watcher sees this start, so it does not mistake it for a foreign one.
         self.starting().insert(agent.clone());
-        let started = self.engine.docker.start_container(&container_name(agent), None::<StartContainerOptions>).await;
+        let started = self
+            .engine
+            .docker
+            .start_container(&container_name(agent), None::<StartContainerOptions>)
+            .await;
         started.map_err(|e| {
             self.starting().remove(agent);
             Error::engine(format!("start the sandbox of {agent}"), e)
@@ -153,12 +164,30 @@ impl DockerSandbox {
     async fn create_inner(&self, agent: &AgentId, spec: &SandboxSpec, made: &mut Made) -> Result<()> {
         image::require_image(&self.engine.docker, &spec.image).await?;
         let mut topo = self.topology.lock().await;
-        let net = topo.allocate(&self.engine, self.config.subnet_pool, agent).await?;
+        let net = topo
+            .allocate(&self.engine, self.config.subnet_pool, agent)
+            .await?;
         made.network = Some(net.clone());
         crate::network::create(&self.engine, agent, &net).await?;
         made.record = true;
-        topology::save(self.store.as_ref(), agent, &AgentRecord { net: net.clone(), token: None }).await?;
-        topo.attach(&self.engine, &self.gateway, &self.tunnel, &self.config, agent, net.clone()).await?;
+        topology::save(
+            self.store.as_ref(),
+            agent,
+            &AgentRecord {
+                net: net.clone(),
+                token: None,
+            },
+        )
+        .await?;
+        topo.attach(
+            &self.engine,
+            &self.gateway,
+            &self.tunnel,
+            &self.config,
+            agent,
+            net.clone(),
+        )
+        .await?;
         made.attached = true;
         drop(topo);
         let volume = VolumeCreateRequest {
@@ -166,7 +195,11 @@ impl DockerSandbox {
             labels: Some(self.engine.labels(Some(agent), "volume")),
             ..Default::default()
         };
-        self.engine.docker.create_volume(volume).await.map_err(|e| Error::engine("create the volume", e))?;
+        self.engine
+            .docker
+            .create_volume(volume)
+            .await
+            .map_err(|e| Error::engine("create the volume", e))?;
         made.volume = true;
         container::create(&self.engine, agent, spec, &net, &self.config).await?;
         made.container = true;
@@ -175,8 +208,17 @@ impl DockerSandbox {
 
     /// Remove the container, the agent's attachment, network and record; the volume unless `keep_volume`.
     async fn teardown(&self, agent: &AgentId, keep_volume: bool, known: Option<AgentNetwork>) -> Result<()> {
-        let options = RemoveContainerOptions { force: true, v: false, link: false };
-        match self.engine.docker.remove_container(&container_name(agent), Some(options)).await {
+        let options = RemoveContainerOptions {
+            force: true,
+            v: false,
+            link: false,
+        };
+        match self
+            .engine
+            .docker
+            .remove_container(&container_name(agent), Some(options))
+            .await
+        {
             Ok(()) => {}
             Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(Error::engine(format!("remove the sandbox of {agent}"), e)),
@@ -188,13 +230,19 @@ impl DockerSandbox {
             None => topo.network(agent).or(known),
         };
         if let Some(net) = &net {
-            topo.detach(&self.engine, &self.gateway, &self.config, agent, net).await?;
+            topo.detach(&self.engine, &self.gateway, &self.config, agent, net)
+                .await?;
             crate::network::remove(&self.engine.docker, &net.name).await?;
         }
         drop(topo);
         if !keep_volume {
             let options = RemoveVolumeOptions { force: true };
-            match self.engine.docker.remove_volume(&volume_name(agent), Some(options)).await {
+            match self
+                .engine
+                .docker
+                .remove_volume(&volume_name(agent), Some(options))
+                .await
+            {
                 Ok(()) => {}
                 Err(e) if is_not_found(&e) => {}
                 Err(e) => return Err(Error::engine("remove the volume", e)),
@@ -224,11 +272,18 @@ impl Made {
 impl Sandbox for DockerSandbox {
     async fn create(&self, agent: &AgentId, spec: &SandboxSpec) -> agenthold_core::Result<SandboxInfo> {
         if topology::load(self.store.as_ref(), agent).await?.is_some() {
-            return Err(Error::BadInput { problem: format!("sandbox {agent} already exists") }.into());
+            return Err(Error::BadInput {
+                problem: format!("sandbox {agent} already exists"),
+            }
+            .into());
         }
         let mut made = Made::default();
         match self.create_inner(agent, spec, &mut made).await {
-            Ok(()) => Ok(SandboxInfo { agent: agent.clone(), state: SandboxState::Running, image: spec.image.clone() }),
+            Ok(()) => Ok(SandboxInfo {
+                agent: agent.clone(),
+                state: SandboxState::Running,
+                image: spec.image.clone(),
+            }),
             Err(e) => {
                 if made.anything()
                     && let Err(undo) = self.teardown(agent, false, made.network.clone()).await
@@ -245,17 +300,35 @@ impl Sandbox for DockerSandbox {
         if info.state == SandboxState::Running {
             return Ok(());
         }
-        let record = topology::load(self.store.as_ref(), agent).await?.ok_or_else(|| not_found(agent))?;
+        let record = topology::load(self.store.as_ref(), agent)
+            .await?
+            .ok_or_else(|| not_found(agent))?;
         {
             let mut topo = self.topology.lock().await;
-            topo.attach(&self.engine, &self.gateway, &self.tunnel, &self.config, agent, record.net).await?;
+            topo.attach(
+                &self.engine,
+                &self.gateway,
+                &self.tunnel,
+                &self.config,
+                agent,
+                record.net,
+            )
+            .await?;
         }
         Ok(self.boot(agent).await?)
     }
 
     async fn stop(&self, agent: &AgentId) -> agenthold_core::Result<()> {
-        let options = StopContainerOptions { t: Some(10), signal: None };
-        match self.engine.docker.stop_container(&container_name(agent), Some(options)).await {
+        let options = StopContainerOptions {
+            t: Some(10),
+            signal: None,
+        };
+        match self
+            .engine
+            .docker
+            .stop_container(&container_name(agent), Some(options))
+            .await
+        {
             // 304: already stopped.
             Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 304, .. }) => {}
             Err(e) if is_not_found(&e) => return Err(not_found(agent).into()),
@@ -275,12 +348,24 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn read_file(&self, agent: &AgentId, path: &str) -> agenthold_core::Result<Vec<u8>> {
-        let options = DownloadFromContainerOptions { path: path.to_owned() };
-        let mut stream = self.engine.docker.download_from_container(&container_name(agent), Some(options));
+        let options = DownloadFromContainerOptions {
+            path: path.to_owned(),
+        };
+        let mut stream = self
+            .engine
+            .docker
+            .download_from_container(&container_name(agent), Some(options));
         let mut tar = Vec::new();
-        while let Some(chunk) = stream.try_next().await.map_err(|e| Error::engine(format!("read {path}"), e))? {
+        while let Some(chunk) = stream
+            .try_next()
+            .await
+            .map_err(|e| Error::engine(format!("read {path}"), e))?
+        {
             if tar.len() + chunk.len() > MAX_FILE + 64 * 1024 {
-                return Err(Error::BadInput { problem: format!("{path} is larger than {MAX_FILE} bytes") }.into());
+                return Err(Error::BadInput {
+                    problem: format!("{path} is larger than {MAX_FILE} bytes"),
+                }
+                .into());
             }
             tar.extend_from_slice(&chunk);
         }
@@ -291,18 +376,37 @@ impl Sandbox for DockerSandbox {
         let relative = path.strip_prefix('/').ok_or_else(|| Error::BadInput {
             problem: format!("{path:?}: give an absolute path"),
         })?;
-        let tar = archive::pack(&[Entry { path: relative, mode: 0o644, data }], 0o755)?;
-        let options = UploadToContainerOptions { path: "/".to_owned(), ..Default::default() };
+        let tar = archive::pack(
+            &[Entry {
+                path: relative,
+                mode: 0o644,
+                data,
+            }],
+            0o755,
+        )?;
+        let options = UploadToContainerOptions {
+            path: "/".to_owned(),
+            ..Default::default()
+        };
         self.engine
             .docker
-            .upload_to_container(&container_name(agent), Some(options), bollard::body_full(tar.into()))
+            .upload_to_container(
+                &container_name(agent),
+                Some(options),
+                bollard::body_full(tar.into()),
+            )
             .await
             .map_err(|e| Error::engine(format!("write {path}"), e))?;
         Ok(())
     }
 
     async fn inspect(&self, agent: &AgentId) -> agenthold_core::Result<SandboxInfo> {
-        let c = match self.engine.docker.inspect_container(&container_name(agent), None::<InspectContainerOptions>).await {
+        let c = match self
+            .engine
+            .docker
+            .inspect_container(&container_name(agent), None::<InspectContainerOptions>)
+            .await
+        {
             Ok(c) => c,
             Err(e) if is_not_found(&e) => return Err(not_found(agent).into()),
             Err(e) => return Err(Error::engine(format!("inspect the sandbox of {agent}"), e).into()),
@@ -310,12 +414,18 @@ impl Sandbox for DockerSandbox {
         let running = c.state.and_then(|s| s.running).unwrap_or(false);
         Ok(SandboxInfo {
             agent: agent.clone(),
-            state: if running { SandboxState::Running } else { SandboxState::Stopped },
+            state: if running {
+                SandboxState::Running
+            } else {
+                SandboxState::Stopped
+            },
             image: c.config.and_then(|c| c.image).unwrap_or_default(),
         })
     }
 }
 
 fn not_found(agent: &AgentId) -> Error {
-    Error::NotFound { agent: agent.to_string() }
+    Error::NotFound {
+        agent: agent.to_string(),
+    }
 }

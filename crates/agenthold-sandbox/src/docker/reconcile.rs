@@ -52,7 +52,15 @@ impl DockerSandbox {
             };
             {
                 let mut topo = self.topology.lock().await;
-                topo.attach(&self.engine, &self.gateway, &self.tunnel, &self.config, &agent, record.net.clone()).await?;
+                topo.attach(
+                    &self.engine,
+                    &self.gateway,
+                    &self.tunnel,
+                    &self.config,
+                    &agent,
+                    record.net.clone(),
+                )
+                .await?;
             }
             match (running, record.token.as_deref().and_then(parse_hash)) {
                 (true, Some(hash)) => self.tunnel.expect(&agent, hash),
@@ -84,7 +92,15 @@ impl DockerSandbox {
         topo.forget_holder();
         for agent in topo.agents() {
             if let Some(net) = topo.network(&agent) {
-                topo.attach(&self.engine, &self.gateway, &self.tunnel, &self.config, &agent, net).await?;
+                topo.attach(
+                    &self.engine,
+                    &self.gateway,
+                    &self.tunnel,
+                    &self.config,
+                    &agent,
+                    net,
+                )
+                .await?;
             }
         }
         Ok(())
@@ -116,9 +132,15 @@ impl DockerSandbox {
     async fn watch_once(&self) -> Result<()> {
         let filters = HashMap::from([
             ("type".to_owned(), vec!["container".to_owned()]),
-            ("label".to_owned(), vec![format!("{LABEL_INSTANCE}={}", self.engine.instance())]),
+            (
+                "label".to_owned(),
+                vec![format!("{LABEL_INSTANCE}={}", self.engine.instance())],
+            ),
         ]);
-        let options = EventsOptions { filters: Some(filters), ..Default::default() };
+        let options = EventsOptions {
+            filters: Some(filters),
+            ..Default::default()
+        };
         let mut events = self.engine.docker.events(Some(options));
         while let Some(event) = events.next().await {
             let event = event.map_err(|e| Error::engine("events", e))?;
@@ -158,7 +180,12 @@ impl DockerSandbox {
 
 impl DockerSandbox {
     async fn is_running(&self, agent: &AgentId) -> Result<bool> {
-        match self.engine.docker.inspect_container(&container_name(agent), None::<InspectContainerOptions>).await {
+        match self
+            .engine
+            .docker
+            .inspect_container(&container_name(agent), None::<InspectContainerOptions>)
+            .await
+        {
             Ok(c) => Ok(c.state.and_then(|s| s.running).unwrap_or(false)),
             Err(e) if is_not_found(&e) => Ok(false),
             Err(e) => Err(Error::engine(format!("inspect the sandbox of {agent}"), e)),

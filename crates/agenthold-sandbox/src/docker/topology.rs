@@ -35,15 +35,21 @@ pub(crate) struct AgentRecord {
 }
 
 pub(crate) async fn save(store: &dyn Store, agent: &AgentId, record: &AgentRecord) -> Result<()> {
-    let bytes = serde_json::to_vec(record).map_err(|e| Error::BadInput { problem: e.to_string() })?;
+    let bytes = serde_json::to_vec(record).map_err(|e| Error::BadInput {
+        problem: e.to_string(),
+    })?;
     Ok(store.put(TABLE, agent.as_str().as_bytes(), &bytes).await?)
 }
 
 pub(crate) async fn load(store: &dyn Store, agent: &AgentId) -> Result<Option<AgentRecord>> {
-    let Some(bytes) = store.get(TABLE, agent.as_str().as_bytes()).await? else { return Ok(None) };
+    let Some(bytes) = store.get(TABLE, agent.as_str().as_bytes()).await? else {
+        return Ok(None);
+    };
     serde_json::from_slice(&bytes)
         .map(Some)
-        .map_err(|e| Error::BadInput { problem: format!("stored state of {agent} is unreadable: {e}") })
+        .map_err(|e| Error::BadInput {
+            problem: format!("stored state of {agent} is unreadable: {e}"),
+        })
 }
 
 pub(crate) async fn delete(store: &dyn Store, agent: &AgentId) -> Result<()> {
@@ -55,7 +61,9 @@ pub(crate) async fn delete(store: &dyn Store, agent: &AgentId) -> Result<()> {
 pub(crate) async fn list(store: &dyn Store) -> Result<Vec<(AgentId, AgentRecord)>> {
     let mut out = Vec::new();
     for (key, value) in store.scan_prefix(TABLE, b"").await? {
-        let Ok(agent) = AgentId::new(String::from_utf8_lossy(&key).into_owned()) else { continue };
+        let Ok(agent) = AgentId::new(String::from_utf8_lossy(&key).into_owned()) else {
+            continue;
+        };
         match serde_json::from_slice(&value) {
             Ok(record) => out.push((agent, record)),
             Err(e) => tracing::warn!(agent = %agent, error = %e, "unreadable sandbox record skipped"),
@@ -65,7 +73,9 @@ pub(crate) async fn list(store: &dyn Store) -> Result<Vec<(AgentId, AgentRecord)
 }
 
 pub(crate) async fn save_token(store: &dyn Store, agent: &AgentId, hash: Option<[u8; 32]>) -> Result<()> {
-    let Some(mut record) = load(store, agent).await? else { return Ok(()) };
+    let Some(mut record) = load(store, agent).await? else {
+        return Ok(());
+    };
     record.token = hash.map(hex::encode);
     save(store, agent, &record).await
 }
@@ -89,7 +99,12 @@ pub(crate) struct Topology {
 
 impl Topology {
     /// A free /24 for `agent`.
-    pub(crate) async fn allocate(&mut self, engine: &Engine, pool: Ipv4Net, agent: &AgentId) -> Result<AgentNetwork> {
+    pub(crate) async fn allocate(
+        &mut self,
+        engine: &Engine,
+        pool: Ipv4Net,
+        agent: &AgentId,
+    ) -> Result<AgentNetwork> {
         let mut taken = self.reserved.clone();
         taken.extend(self.agents.values().map(|a| a.net.subnet));
         let subnet = allocate_subnet(&engine.docker, pool, &taken).await?;
@@ -136,7 +151,14 @@ impl Topology {
         }
         self.reserved.remove(&net.subnet);
         let cancel = CancellationToken::new();
-        self.agents.insert(agent.clone(), Attachment { net: net.clone(), iface, cancel: cancel.clone() });
+        self.agents.insert(
+            agent.clone(),
+            Attachment {
+                net: net.clone(),
+                iface,
+                cancel: cancel.clone(),
+            },
+        );
         self.apply_rules(&holder, config).await?;
         listen(&holder, gateway, tunnel, config, agent, &net, cancel)
     }
@@ -171,8 +193,16 @@ impl Topology {
         holder.leave(engine, net).await?;
         self.sync_host_firewall_with(None)?;
         if self.agents.is_empty() {
-            let options = bollard::query_parameters::RemoveContainerOptions { force: true, v: true, link: false };
-            match engine.docker.remove_container(&holder.container, Some(options)).await {
+            let options = bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                v: true,
+                link: false,
+            };
+            match engine
+                .docker
+                .remove_container(&holder.container, Some(options))
+                .await
+            {
                 Ok(()) => {}
                 Err(e) if crate::error::is_not_found(&e) => {}
                 Err(e) => return Err(Error::engine("remove the gateway container", e)),
@@ -198,7 +228,11 @@ impl Topology {
             agents: self
                 .agents
                 .values()
-                .map(|a| AgentAttachment { iface: a.iface.clone(), gateway_addr: a.net.gateway_addr(), subnet: a.net.subnet })
+                .map(|a| AgentAttachment {
+                    iface: a.iface.clone(),
+                    gateway_addr: a.net.gateway_addr(),
+                    subnet: a.net.subnet,
+                })
                 .collect(),
         };
         rules.apply(&holder.netns()).await?;
@@ -246,13 +280,19 @@ fn listen(
     let sockets = AgentSockets {
         transparent: Some(ns.bind_tcp(at(config.ports.proxy))?),
         explicit: Some(ns.bind_tcp(at(config.ports.explicit))?),
-        dns: Some((ns.bind_udp(at(config.ports.dns))?, ns.bind_tcp(at(config.ports.dns))?)),
+        dns: Some((
+            ns.bind_udp(at(config.ports.dns))?,
+            ns.bind_tcp(at(config.ports.dns))?,
+        )),
     };
     gateway.attach(agent, sockets)?;
     if let Some(port) = config.ports.tunnel {
         let listener = ns.bind_tcp(at(port))?;
-        listener.set_nonblocking(true).map_err(|e| Error::io("tunnel listener", e))?;
-        let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| Error::io("tunnel listener", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("tunnel listener", e))?;
+        let listener =
+            tokio::net::TcpListener::from_std(listener).map_err(|e| Error::io("tunnel listener", e))?;
         tokio::spawn(Arc::clone(tunnel).serve(agent.clone(), listener, cancel));
     }
     Ok(())

@@ -43,7 +43,9 @@ pub struct RuntimeBuilder {
 
 impl std::fmt::Debug for RuntimeBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RuntimeBuilder").field("data_dir", &self.data_dir).finish_non_exhaustive()
+        f.debug_struct("RuntimeBuilder")
+            .field("data_dir", &self.data_dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -125,12 +127,15 @@ impl RuntimeBuilder {
             config.data_dir = dir;
         }
         let data_dir = config.data_dir()?;
-        std::fs::create_dir_all(&data_dir).map_err(|e| Error::io(format!("create {}", data_dir.display()), e))?;
+        std::fs::create_dir_all(&data_dir)
+            .map_err(|e| Error::io(format!("create {}", data_dir.display()), e))?;
         let store: Arc<dyn Store> = match self.store {
             Some(s) => s,
             None => Arc::new(RedbStore::open_in_data_dir(&data_dir)?),
         };
-        let vault = Arc::new(Vault::new(MasterKey::load_from_env_or_file(&config.master_key_file()?)?));
+        let vault = Arc::new(Vault::new(MasterKey::load_from_env_or_file(
+            &config.master_key_file()?,
+        )?));
         let ca = Arc::new(CertificateAuthority::load_or_create(&data_dir.join("egress"))?);
         let policies = self.policy.is_none().then(|| Arc::new(PolicyTable::new()));
         let policy: Arc<dyn EgressPolicy> = match (&self.policy, &policies) {
@@ -199,7 +204,12 @@ impl RuntimeBuilder {
 
 /// Docker settings from the configuration; writes the embedded sandboxd to the data directory and makes
 /// sure its image exists.
-async fn docker_config(config: &Config, engine: &Engine, data_dir: &std::path::Path, ca_pem: &str) -> Result<DockerConfig> {
+async fn docker_config(
+    config: &Config,
+    engine: &Engine,
+    data_dir: &std::path::Path,
+    ca_pem: &str,
+) -> Result<DockerConfig> {
     let hash = hex::encode(Sha256::digest(SANDBOXD));
     let bin_dir = data_dir.join("bin");
     std::fs::create_dir_all(&bin_dir).map_err(|e| Error::io(format!("create {}", bin_dir.display()), e))?;
@@ -210,7 +220,8 @@ async fn docker_config(config: &Config, engine: &Engine, data_dir: &std::path::P
         std::fs::write(&tmp, SANDBOXD).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
             .map_err(|e| Error::io(format!("chmod {}", tmp.display()), e))?;
-        std::fs::rename(&tmp, &sandboxd_path).map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
+        std::fs::rename(&tmp, &sandboxd_path)
+            .map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
     }
     let image = image::ensure_sandboxd_image(&engine.docker, SANDBOXD).await?;
     Ok(DockerConfig {
@@ -241,7 +252,9 @@ fn persist_refreshed(store: &Arc<dyn Store>, vault: &Arc<Vault>) -> agenthold_co
         let sealed = secret_id(&agent, &name).map(|id| vault.seal(&id, value));
         handle.spawn(async move {
             let Ok(sealed) = sealed else { return };
-            let Ok(Some(mut record)) = records::load(store.as_ref(), &agent).await else { return };
+            let Ok(Some(mut record)) = records::load(store.as_ref(), &agent).await else {
+                return;
+            };
             if let Some(s) = record.secrets.iter_mut().find(|s| s.name == name) {
                 s.sealed = base64::engine::general_purpose::STANDARD.encode(sealed);
             }

@@ -55,7 +55,9 @@ pub struct Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("data_dir", &self.config.data_dir).finish_non_exhaustive()
+        f.debug_struct("Runtime")
+            .field("data_dir", &self.config.data_dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -98,9 +100,15 @@ impl Runtime {
     ///
     /// # Errors
     /// As [`Runtime::create_sandbox`]; also when `agent` already exists.
-    pub async fn create_sandbox_with_id(&self, agent: &AgentId, mut spec: SandboxSpec) -> Result<SandboxInfo> {
+    pub async fn create_sandbox_with_id(
+        &self,
+        agent: &AgentId,
+        mut spec: SandboxSpec,
+    ) -> Result<SandboxInfo> {
         if records::load(self.store.as_ref(), agent).await?.is_some() {
-            return Err(Error::BadInput { problem: format!("sandbox {agent} already exists") });
+            return Err(Error::BadInput {
+                problem: format!("sandbox {agent} already exists"),
+            });
         }
         if let Some(policies) = &self.policies {
             policies.set(agent.clone(), spec.policy.clone());
@@ -131,7 +139,10 @@ impl Runtime {
     /// # Errors
     /// When the sandbox does not exist or does not run.
     pub async fn exec(&self, agent: &AgentId, argv: &[&str]) -> Result<ExecOutput> {
-        let request = ExecRequest { argv: argv.iter().map(|a| (*a).to_owned()).collect(), ..ExecRequest::default() };
+        let request = ExecRequest {
+            argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+            ..ExecRequest::default()
+        };
         self.exec_request(agent, request).await
     }
 
@@ -183,8 +194,11 @@ impl Runtime {
         let policies = self.policies.as_ref().ok_or_else(|| Error::Unavailable {
             problem: "policies are managed by the custom EgressPolicy this runtime was built with".into(),
         })?;
-        let mut record =
-            records::load(self.store.as_ref(), agent).await?.ok_or_else(|| Error::NotFound { agent: agent.to_string() })?;
+        let mut record = records::load(self.store.as_ref(), agent)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                agent: agent.to_string(),
+            })?;
         record.spec.policy = policy.clone();
         records::save(self.store.as_ref(), agent, &record).await?;
         policies.set(agent.clone(), policy);
@@ -216,7 +230,11 @@ impl Runtime {
     /// # Errors
     /// When the store fails.
     pub async fn sandboxes(&self) -> Result<Vec<AgentId>> {
-        Ok(records::list(self.store.as_ref()).await?.into_iter().map(|(a, _)| a).collect())
+        Ok(records::list(self.store.as_ref())
+            .await?
+            .into_iter()
+            .map(|(a, _)| a)
+            .collect())
     }
 
     /// Stop a sandbox (its volume and settings stay).

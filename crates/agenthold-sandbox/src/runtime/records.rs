@@ -61,7 +61,10 @@ impl AgentRecord {
                 sealed: base64::engine::general_purpose::STANDARD.encode(sealed),
             });
         }
-        Ok(Self { spec: spec.clone(), secrets: stored })
+        Ok(Self {
+            spec: spec.clone(),
+            secrets: stored,
+        })
     }
 
     /// The secrets with their values opened, and their placeholders.
@@ -71,7 +74,9 @@ impl AgentRecord {
             .map(|s| {
                 let sealed = base64::engine::general_purpose::STANDARD
                     .decode(&s.sealed)
-                    .map_err(|e| Error::BadInput { problem: format!("stored secret {} of {agent}: {e}", s.name) })?;
+                    .map_err(|e| Error::BadInput {
+                        problem: format!("stored secret {} of {agent}: {e}", s.name),
+                    })?;
                 let value = vault.open(&secret_id(agent, &s.name)?, &sealed)?;
                 let spec = SecretSpec::new(&s.name, value, s.env.as_deref(), s.rules.clone())?;
                 Ok((spec, s.placeholder.clone()))
@@ -81,15 +86,21 @@ impl AgentRecord {
 }
 
 pub(crate) async fn save(store: &dyn Store, agent: &AgentId, record: &AgentRecord) -> Result<()> {
-    let bytes = serde_json::to_vec(record).map_err(|e| Error::BadInput { problem: e.to_string() })?;
+    let bytes = serde_json::to_vec(record).map_err(|e| Error::BadInput {
+        problem: e.to_string(),
+    })?;
     Ok(store.put(TABLE, agent.as_str().as_bytes(), &bytes).await?)
 }
 
 pub(crate) async fn load(store: &dyn Store, agent: &AgentId) -> Result<Option<AgentRecord>> {
-    let Some(bytes) = store.get(TABLE, agent.as_str().as_bytes()).await? else { return Ok(None) };
+    let Some(bytes) = store.get(TABLE, agent.as_str().as_bytes()).await? else {
+        return Ok(None);
+    };
     serde_json::from_slice(&bytes)
         .map(Some)
-        .map_err(|e| Error::BadInput { problem: format!("stored record of {agent} is unreadable: {e}") })
+        .map_err(|e| Error::BadInput {
+            problem: format!("stored record of {agent} is unreadable: {e}"),
+        })
 }
 
 pub(crate) async fn delete(store: &dyn Store, agent: &AgentId) -> Result<()> {
@@ -100,7 +111,9 @@ pub(crate) async fn delete(store: &dyn Store, agent: &AgentId) -> Result<()> {
 pub(crate) async fn list(store: &dyn Store) -> Result<Vec<(AgentId, AgentRecord)>> {
     let mut out = Vec::new();
     for (key, value) in store.scan_prefix(TABLE, b"").await? {
-        let Ok(agent) = AgentId::new(String::from_utf8_lossy(&key).into_owned()) else { continue };
+        let Ok(agent) = AgentId::new(String::from_utf8_lossy(&key).into_owned()) else {
+            continue;
+        };
         match serde_json::from_slice(&value) {
             Ok(record) => out.push((agent, record)),
             Err(e) => tracing::warn!(agent = %agent, error = %e, "unreadable agent record skipped"),
