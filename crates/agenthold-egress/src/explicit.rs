@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::gateway::{Shared, Target};
-use crate::http::{ConnCtx, Mode, Proto, empty, refuse};
+use crate::http::{ConnCtx, Mode, Proto, check_policy, empty, parse_target, refuse};
 use crate::io::{SpliceEnd, splice};
 use crate::log::{LogEntry, LogKind, PendingEntry};
 use crate::sniff::split_host_port;
@@ -54,24 +54,14 @@ pub(crate) async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Respon
             return refuse(gw, entry, StatusCode::BAD_REQUEST, problem);
         }
     };
-    let target = match Target::parse(&host) {
+    let (target, entry) = match parse_target(gw, entry, host, port) {
         Ok(t) => t,
-        Err(reason) => {
-            entry = entry.to(host, port);
-            entry.deny(reason);
-            return refuse(gw, entry, StatusCode::FORBIDDEN, reason.as_str());
-        }
+        Err(refused) => return refused,
     };
-    entry = entry.to(target.to_string(), port);
-    let verdict = gw.decide(&ctx.agent, &target, port);
-    match verdict {
-        Verdict::Denied(reason) => {
-            entry.deny(reason);
-            return refuse(gw, entry, StatusCode::FORBIDDEN, reason.as_str());
-        }
-        Verdict::Reported(reason) => entry.reason = Some(format!("report_only:{reason}")),
-        Verdict::Allowed => {}
-    }
+    let mut entry = match check_policy(gw, &ctx.agent, &target, port, entry) {
+        Ok(entry) => entry,
+        Err(refused) => return refused,
+    };
     if let Target::Name(name) = &target
         && crate::intercept::wanted(gw, &ctx.agent, name)
     {

@@ -158,15 +158,10 @@ async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<ProxyBody
             return refuse(gw, entry, StatusCode::BAD_REQUEST, problem);
         }
     };
-    let target = match Target::parse(&host) {
+    let (target, mut entry) = match parse_target(gw, entry, host, port) {
         Ok(t) => t,
-        Err(reason) => {
-            entry = entry.to(host, port);
-            entry.deny(reason);
-            return refuse(gw, entry, StatusCode::FORBIDDEN, reason.as_str());
-        }
+        Err(refused) => return refused,
     };
-    entry = entry.to(target.to_string(), port);
     let tls_host = match &ctx.mode {
         Mode::Intercepted { sni, .. } => Some(sni.as_str()),
         Mode::Transparent { .. } | Mode::Explicit => None,
@@ -184,15 +179,10 @@ async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<ProxyBody
             "request host differs from the TLS server name",
         );
     }
-    let verdict = gw.decide(&ctx.agent, &target, port);
-    match verdict {
-        Verdict::Denied(reason) => {
-            entry.deny(reason);
-            return refuse(gw, entry, StatusCode::FORBIDDEN, reason.as_str());
-        }
-        Verdict::Reported(reason) => entry.reason = Some(format!("report_only:{reason}")),
-        Verdict::Allowed => {}
-    }
+    let mut entry = match check_policy(gw, &ctx.agent, &target, port, entry) {
+        Ok(entry) => entry,
+        Err(refused) => return refused,
+    };
     match inject(ctx, tls_host, &target, &mut req, &mut entry) {
         Err((status, why)) => refuse(gw, entry, status, &why),
         Ok(Injected::Refresh(secret)) => {
@@ -208,6 +198,50 @@ enum Injected {
     Forward,
     /// Answer it as a token refresh of this secret.
     Refresh(String),
+}
+
+/// The target of `host` as written by the sandbox, with `entry` pointed at it; an invalid host is
+/// refused (403) and logged.
+#[allow(clippy::result_large_err)] // the error is the answer itself, built once on a cold path
+pub(crate) fn parse_target(
+    gw: &Shared,
+    entry: LogEntry,
+    host: String,
+    port: u16,
+) -> Result<(Target, LogEntry), Response<ProxyBody>> {
+    match Target::parse(&host) {
+        Ok(target) => {
+            let entry = entry.to(target.to_string(), port);
+            Ok((target, entry))
+        }
+        Err(reason) => {
+            let mut entry = entry.to(host, port);
+            entry.deny(reason);
+            Err(refuse(gw, entry, StatusCode::FORBIDDEN, reason.as_str()))
+        }
+    }
+}
+
+/// Ask the policy about `target:port`; a denial is answered (403) and logged, a report-only denial noted.
+#[allow(clippy::result_large_err)] // the error is the answer itself, built once on a cold path
+pub(crate) fn check_policy(
+    gw: &Shared,
+    agent: &AgentId,
+    target: &Target,
+    port: u16,
+    mut entry: LogEntry,
+) -> Result<LogEntry, Response<ProxyBody>> {
+    match gw.decide(agent, target, port) {
+        Verdict::Denied(reason) => {
+            entry.deny(reason);
+            Err(refuse(gw, entry, StatusCode::FORBIDDEN, reason.as_str()))
+        }
+        Verdict::Reported(reason) => {
+            entry.reason = Some(format!("report_only:{reason}"));
+            Ok(entry)
+        }
+        Verdict::Allowed => Ok(entry),
+    }
 }
 
 /// Pass the request head through the secret injector. `Err` is the answer to give instead of forwarding

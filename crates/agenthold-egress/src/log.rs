@@ -201,15 +201,14 @@ impl RequestLog {
             reason = entry.reason.as_deref().unwrap_or(""), "egress"
         );
         let entry = Arc::new(entry);
-        {
-            let mut agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
-            let ring = agents.entry(entry.agent.clone()).or_default();
-            if ring.len() == self.keep {
-                ring.pop_front();
-            }
-            ring.push_back(Arc::clone(&entry));
+        let mut agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
+        let ring = agents.entry(entry.agent.clone()).or_default();
+        if ring.len() == self.keep {
+            ring.pop_front();
         }
-        // No subscribers is fine: the snapshot still has it.
+        ring.push_back(Arc::clone(&entry));
+        // Published under the lock, so the live stream has the snapshot's order. No subscribers is fine:
+        // the snapshot still has it.
         let _ = self.live.send(entry);
     }
 

@@ -183,12 +183,12 @@ pub(crate) fn upstream_request(
         .map_err(|_| "request target is not a valid URI")?;
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers, keep_upgrade);
-    if !parts.headers.contains_key(header::HOST) {
-        parts.headers.insert(
-            header::HOST,
-            HeaderValue::from_str(&authority).map_err(|_| "bad host")?,
-        );
-    }
+    // The upstream sees the host the request was decided by, never a different or a second `Host` the
+    // sandbox wrote: on shared addresses (CDNs, virtual hosting) `Host` picks the site.
+    parts.headers.insert(
+        header::HOST,
+        HeaderValue::from_str(&authority).map_err(|_| "bad host")?,
+    );
     Ok(Request::from_parts(parts, body))
 }
 

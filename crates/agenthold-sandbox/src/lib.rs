@@ -12,6 +12,7 @@ pub mod hostfw;
 pub mod image;
 pub mod network;
 mod runtime;
+mod table;
 pub mod tunnel;
 
 pub use docker::{DockerConfig, DockerSandbox};

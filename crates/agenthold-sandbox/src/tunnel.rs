@@ -204,7 +204,7 @@ impl TunnelServer {
                 let mut agents = self.lock();
                 match agents.get_mut(agent) {
                     Some(t) if t.generation == generation && t.token_hash.is_some() => {
-                        t.last_seen = Some(Instant::now())
+                        t.last_seen = Some(Instant::now());
                     }
                     // Revoked, or superseded by a newer tunnel.
                     _ => break,

@@ -107,7 +107,14 @@ impl<U: Forward> Server<U> {
                 let ttl = Duration::from_secs(u64::from(SYNTHETIC_TTL));
                 self.ctx.records.remember(agent, &name, IpAddr::V4(addr), ttl);
             }
-            entry.reason = Some("dangerous_synthetic_address".to_owned());
+            // Keep a report-only reason: the synthetic answer is how the name resolves, not why it passed.
+            let note = "dangerous_synthetic_address";
+            entry.reason = Some(
+                entry
+                    .reason
+                    .take()
+                    .map_or_else(|| note.to_owned(), |r| format!("{r};{note}")),
+            );
             return (reply, entry);
         }
         match self.ctx.upstream.forward(query).await {

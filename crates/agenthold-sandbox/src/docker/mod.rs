@@ -170,15 +170,16 @@ impl DockerSandbox {
         made.network = Some(net.clone());
         crate::network::create(&self.engine, agent, &net).await?;
         made.record = true;
-        topology::save(
-            self.store.as_ref(),
-            agent,
-            &AgentRecord {
-                net: net.clone(),
-                token: None,
-            },
-        )
-        .await?;
+        topology::RECORDS
+            .save(
+                self.store.as_ref(),
+                agent,
+                &AgentRecord {
+                    net: net.clone(),
+                    token: None,
+                },
+            )
+            .await?;
         topo.attach(
             &self.engine,
             &self.gateway,
@@ -225,7 +226,7 @@ impl DockerSandbox {
         }
         self.tunnel.forget(agent);
         let mut topo = self.topology.lock().await;
-        let net = match topology::load(self.store.as_ref(), agent).await? {
+        let net = match topology::RECORDS.load(self.store.as_ref(), agent).await? {
             Some(record) => Some(record.net),
             None => topo.network(agent).or(known),
         };
@@ -248,7 +249,7 @@ impl DockerSandbox {
                 Err(e) => return Err(Error::engine("remove the volume", e)),
             }
         }
-        topology::delete(self.store.as_ref(), agent).await
+        topology::RECORDS.delete(self.store.as_ref(), agent).await
     }
 }
 
@@ -271,7 +272,11 @@ impl Made {
 #[async_trait::async_trait]
 impl Sandbox for DockerSandbox {
     async fn create(&self, agent: &AgentId, spec: &SandboxSpec) -> agenthold_core::Result<SandboxInfo> {
-        if topology::load(self.store.as_ref(), agent).await?.is_some() {
+        if topology::RECORDS
+            .load(self.store.as_ref(), agent)
+            .await?
+            .is_some()
+        {
             return Err(Error::BadInput {
                 problem: format!("sandbox {agent} already exists"),
             }
@@ -300,7 +305,8 @@ impl Sandbox for DockerSandbox {
         if info.state == SandboxState::Running {
             return Ok(());
         }
-        let record = topology::load(self.store.as_ref(), agent)
+        let record = topology::RECORDS
+            .load(self.store.as_ref(), agent)
             .await?
             .ok_or_else(|| not_found(agent))?;
         {

@@ -36,7 +36,7 @@ impl DockerSandbox {
     /// When the engine or the store fails.
     pub async fn reconcile(&self) -> Result<ReconcileReport> {
         let mut report = ReconcileReport::default();
-        for (agent, record) in topology::list(self.store.as_ref()).await? {
+        for (agent, record) in topology::RECORDS.list(self.store.as_ref()).await? {
             let running = match self
                 .engine
                 .docker

@@ -21,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::holder::Holder;
 use crate::hostfw;
 use crate::network::{AgentNetwork, allocate_subnet};
+use crate::table::AgentTable;
 use crate::tunnel::TunnelServer;
 
 /// Store table of per-agent Docker state.
@@ -34,50 +35,15 @@ pub(crate) struct AgentRecord {
     pub(crate) token: Option<String>,
 }
 
-pub(crate) async fn save(store: &dyn Store, agent: &AgentId, record: &AgentRecord) -> Result<()> {
-    let bytes = serde_json::to_vec(record).map_err(|e| Error::BadInput {
-        problem: e.to_string(),
-    })?;
-    Ok(store.put(TABLE, agent.as_str().as_bytes(), &bytes).await?)
-}
-
-pub(crate) async fn load(store: &dyn Store, agent: &AgentId) -> Result<Option<AgentRecord>> {
-    let Some(bytes) = store.get(TABLE, agent.as_str().as_bytes()).await? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| Error::BadInput {
-            problem: format!("stored state of {agent} is unreadable: {e}"),
-        })
-}
-
-pub(crate) async fn delete(store: &dyn Store, agent: &AgentId) -> Result<()> {
-    store.delete(TABLE, agent.as_str().as_bytes()).await?;
-    Ok(())
-}
-
-/// Every persisted agent.
-pub(crate) async fn list(store: &dyn Store) -> Result<Vec<(AgentId, AgentRecord)>> {
-    let mut out = Vec::new();
-    for (key, value) in store.scan_prefix(TABLE, b"").await? {
-        let Ok(agent) = AgentId::new(String::from_utf8_lossy(&key).into_owned()) else {
-            continue;
-        };
-        match serde_json::from_slice(&value) {
-            Ok(record) => out.push((agent, record)),
-            Err(e) => tracing::warn!(agent = %agent, error = %e, "unreadable sandbox record skipped"),
-        }
-    }
-    Ok(out)
-}
+/// The Docker runtime's per-agent records.
+pub(crate) const RECORDS: AgentTable<AgentRecord> = AgentTable::new(TABLE, "sandbox record");
 
 pub(crate) async fn save_token(store: &dyn Store, agent: &AgentId, hash: Option<[u8; 32]>) -> Result<()> {
-    let Some(mut record) = load(store, agent).await? else {
+    let Some(mut record) = RECORDS.load(store, agent).await? else {
         return Ok(());
     };
     record.token = hash.map(hex::encode);
-    save(store, agent, &record).await
+    RECORDS.save(store, agent, &record).await
 }
 
 /// One agent served by the gateway holder.

@@ -252,13 +252,13 @@ fn persist_refreshed(store: &Arc<dyn Store>, vault: &Arc<Vault>) -> agenthold_co
         let sealed = secret_id(&agent, &name).map(|id| vault.seal(&id, value));
         handle.spawn(async move {
             let Ok(sealed) = sealed else { return };
-            let Ok(Some(mut record)) = records::load(store.as_ref(), &agent).await else {
+            let Ok(Some(mut record)) = records::RECORDS.load(store.as_ref(), &agent).await else {
                 return;
             };
             if let Some(s) = record.secrets.iter_mut().find(|s| s.name == name) {
                 s.sealed = base64::engine::general_purpose::STANDARD.encode(sealed);
             }
-            if let Err(e) = records::save(store.as_ref(), &agent, &record).await {
+            if let Err(e) = records::RECORDS.save(store.as_ref(), &agent, &record).await {
                 tracing::error!(agent = %agent, error = %e, "could not persist a refreshed token");
             }
         });
@@ -268,7 +268,7 @@ fn persist_refreshed(store: &Arc<dyn Store>, vault: &Arc<Vault>) -> agenthold_co
 impl Runtime {
     /// Rebuild policies and secrets from the store, then restore the sandboxes' datapath (S12).
     async fn restore(&self) -> Result<()> {
-        for (agent, record) in records::list(self.store.as_ref()).await? {
+        for (agent, record) in records::RECORDS.list(self.store.as_ref()).await? {
             if let Some(p) = &self.policies {
                 p.set(agent.clone(), record.spec.policy.clone());
             }

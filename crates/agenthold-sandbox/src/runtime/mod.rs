@@ -105,7 +105,7 @@ impl Runtime {
         agent: &AgentId,
         mut spec: SandboxSpec,
     ) -> Result<SandboxInfo> {
-        if records::load(self.store.as_ref(), agent).await?.is_some() {
+        if records::RECORDS.load(self.store.as_ref(), agent).await?.is_some() {
             return Err(Error::BadInput {
                 problem: format!("sandbox {agent} already exists"),
             });
@@ -124,7 +124,7 @@ impl Runtime {
             }
         }
         let record = AgentRecord::new(&spec, &secrets, &placeholders, &self.vault, agent)?;
-        records::save(self.store.as_ref(), agent, &record).await?;
+        records::RECORDS.save(self.store.as_ref(), agent, &record).await?;
         match self.sandbox.create(agent, &spec).await {
             Ok(info) => Ok(info),
             Err(e) => {
@@ -194,13 +194,14 @@ impl Runtime {
         let policies = self.policies.as_ref().ok_or_else(|| Error::Unavailable {
             problem: "policies are managed by the custom EgressPolicy this runtime was built with".into(),
         })?;
-        let mut record = records::load(self.store.as_ref(), agent)
+        let mut record = records::RECORDS
+            .load(self.store.as_ref(), agent)
             .await?
             .ok_or_else(|| Error::NotFound {
                 agent: agent.to_string(),
             })?;
         record.spec.policy = policy.clone();
-        records::save(self.store.as_ref(), agent, &record).await?;
+        records::RECORDS.save(self.store.as_ref(), agent, &record).await?;
         policies.set(agent.clone(), policy);
         Ok(())
     }
@@ -230,7 +231,8 @@ impl Runtime {
     /// # Errors
     /// When the store fails.
     pub async fn sandboxes(&self) -> Result<Vec<AgentId>> {
-        Ok(records::list(self.store.as_ref())
+        Ok(records::RECORDS
+            .list(self.store.as_ref())
             .await?
             .into_iter()
             .map(|(a, _)| a)
@@ -280,7 +282,7 @@ impl Runtime {
             s.remove(agent);
         }
         self.gateway.log().forget(agent);
-        if let Err(e) = records::delete(self.store.as_ref(), agent).await {
+        if let Err(e) = records::RECORDS.delete(self.store.as_ref(), agent).await {
             tracing::warn!(agent = %agent, error = %e, "could not delete the sandbox record");
         }
     }

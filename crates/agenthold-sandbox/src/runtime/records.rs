@@ -4,11 +4,12 @@
 
 use agenthold_core::sandbox::SandboxSpec;
 use agenthold_core::secret::{Placeholder, SecretRule, SecretSpec};
-use agenthold_core::{AgentId, SecretId, Store, Vault};
+use agenthold_core::{AgentId, SecretId, Vault};
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::table::AgentTable;
 
 /// Store table of runtime-level agent records.
 const TABLE: &str = "agents";
@@ -85,39 +86,5 @@ impl AgentRecord {
     }
 }
 
-pub(crate) async fn save(store: &dyn Store, agent: &AgentId, record: &AgentRecord) -> Result<()> {
-    let bytes = serde_json::to_vec(record).map_err(|e| Error::BadInput {
-        problem: e.to_string(),
-    })?;
-    Ok(store.put(TABLE, agent.as_str().as_bytes(), &bytes).await?)
-}
-
-pub(crate) async fn load(store: &dyn Store, agent: &AgentId) -> Result<Option<AgentRecord>> {
-    let Some(bytes) = store.get(TABLE, agent.as_str().as_bytes()).await? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| Error::BadInput {
-            problem: format!("stored record of {agent} is unreadable: {e}"),
-        })
-}
-
-pub(crate) async fn delete(store: &dyn Store, agent: &AgentId) -> Result<()> {
-    store.delete(TABLE, agent.as_str().as_bytes()).await?;
-    Ok(())
-}
-
-pub(crate) async fn list(store: &dyn Store) -> Result<Vec<(AgentId, AgentRecord)>> {
-    let mut out = Vec::new();
-    for (key, value) in store.scan_prefix(TABLE, b"").await? {
-        let Ok(agent) = AgentId::new(String::from_utf8_lossy(&key).into_owned()) else {
-            continue;
-        };
-        match serde_json::from_slice(&value) {
-            Ok(record) => out.push((agent, record)),
-            Err(e) => tracing::warn!(agent = %agent, error = %e, "unreadable agent record skipped"),
-        }
-    }
-    Ok(out)
-}
+/// The runtime's agent records.
+pub(crate) const RECORDS: AgentTable<AgentRecord> = AgentTable::new(TABLE, "agent record");

@@ -1,0 +1,393 @@
+//! A real gateway in a `TestNet`: hardened gateway namespace, the real nftables ruleset, each agent's
+//! listeners bound at its `.2` inside the gateway namespace, a `PolicyTable`, `TestDns` as the DNS upstream
+//! and echo upstreams on loopback reached through `Dangerous::connect_to` (never by switching the address
+//! guard off).
+//!
+//! Clients run inside a sandbox namespace with `nsenter --net` plus a private mount namespace in which the
+//! sandbox's own `resolv.conf` (`nameserver <.2>`, what Docker's `--dns .2` writes) is bind-mounted over
+//! `/etc/resolv.conf`. `nsenter --net` alone would leave curl and glibc reading the host's resolv.conf; that
+//! happens to work here (DNS to any address is redirected to the gateway), but only while the host's
+//! nameserver is an address that routes out of the sandbox (not `127.0.0.53`). `ip netns exec` would do the
+//! same bind mount but needs a file under `/etc/netns/`, a host-wide change; `unshare --mount` keeps it
+//! private to the one command.
+//!
+//! Every upstream name (`api.test`, `evil.test`, …) is a `connect_to` override: the gateway's DNS answers it
+//! with a synthetic address (198.18.0.0/15) without asking `TestDns`, and the proxy dials the loopback
+//! server for that name and port. Such names have no `TestDns` record, so a dial that missed the override
+//! would fail to resolve rather than leave the machine. Sandboxes aim forged names at [`PUBLIC`] or
+//! [`BLOCKED_ORIG`]; their packets never leave: nftables hands them to the gateway.
+
+mod sandbox;
+mod upstreams;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use agenthold_core::AgentId;
+use agenthold_core::config::EgressConfig;
+use agenthold_core::policy::{NetworkPolicy, PolicyMode, PolicyTable};
+use agenthold_egress::log::{LogEntry, LogKind};
+use agenthold_egress::nft::{self, GatewayRules, Ports};
+use agenthold_egress::{AgentSockets, Dangerous, Gateway, Timeouts};
+use agenthold_testsupport::{EchoServer, TestAgent, TestCa, TestDns, TestNet, init_tracing, require_root};
+
+pub(crate) use upstreams::{BANNER, Canary, Web};
+use upstreams::{Stalled, TcpUpstream, closed_loopback_port};
+
+/// A public-looking address the sandbox may *aim* at: the sandbox's packets to it are redirected to the
+/// gateway, and the gateway, deciding by name, never dials it. Tests that could make the gateway dial the
+/// client's address (no name at all) use [`BLOCKED_ORIG`] instead, so that even a wrong dial stays inside.
+pub(crate) const PUBLIC: &str = "93.184.216.34";
+
+/// A destination in a blocked range (TEST-NET-2), for connections whose name is forged: if the gateway ever
+/// fell back to the client's address, the address guard would stop the dial before a packet left.
+pub(crate) const BLOCKED_ORIG: &str = "198.51.100.7";
+
+/// What a test needs: agents, their policies, named upstreams, DNS records and gateway options.
+pub(crate) struct Setup {
+    agents: usize,
+    policies: Vec<NetworkPolicy>,
+    web: Vec<&'static str>,
+    tcp: Vec<(&'static str, u16)>,
+    refused: Vec<(&'static str, u16)>,
+    stalled: Vec<(&'static str, u16)>,
+    records: Vec<(&'static str, Vec<IpAddr>)>,
+    timeouts: Option<Timeouts>,
+    log_keep: Option<usize>,
+}
+
+impl Setup {
+    /// One agent with the open policy and the web upstreams `api.test` and `evil.test`.
+    pub(crate) fn new() -> Self {
+        Self {
+            agents: 1,
+            policies: Vec::new(),
+            web: vec!["api.test", "evil.test"],
+            tcp: Vec::new(),
+            refused: Vec::new(),
+            stalled: Vec::new(),
+            records: Vec::new(),
+            timeouts: None,
+            log_keep: None,
+        }
+    }
+
+    /// `count` agents, each on its own network.
+    pub(crate) fn agents(mut self, count: usize) -> Self {
+        self.agents = count;
+        self
+    }
+
+    /// The policy of every agent (agent `i` takes `policies[i]`, the last one repeats).
+    pub(crate) fn policy(mut self, policy: NetworkPolicy) -> Self {
+        self.policies.push(policy);
+        self
+    }
+
+    /// Web upstreams: each name gets an HTTPS echo server (`NAME:443`) and an HTTP one (`NAME:80`).
+    pub(crate) fn web(mut self, names: &[&'static str]) -> Self {
+        self.web = names.to_vec();
+        self
+    }
+
+    /// A TCP upstream on loopback for `name:port`: it greets with [`BANNER`], then echoes.
+    pub(crate) fn tcp(mut self, name: &'static str, port: u16) -> Self {
+        self.tcp.push((name, port));
+        self
+    }
+
+    /// `name:port` mapped to a loopback port where nothing listens (the upstream refuses).
+    pub(crate) fn refused(mut self, name: &'static str, port: u16) -> Self {
+        self.refused.push((name, port));
+        self
+    }
+
+    /// `name:port` mapped to a loopback listener that never completes a handshake (see [`Stalled`]).
+    pub(crate) fn stalled(mut self, name: &'static str, port: u16) -> Self {
+        self.stalled.push((name, port));
+        self
+    }
+
+    /// A record of the upstream DNS server (`TestDns`).
+    pub(crate) fn record(mut self, name: &'static str, addrs: &[&str]) -> Self {
+        self.records
+            .push((name, addrs.iter().map(|a| a.parse().unwrap()).collect()));
+        self
+    }
+
+    pub(crate) fn timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.timeouts = Some(timeouts);
+        self
+    }
+
+    pub(crate) fn log_keep(mut self, keep: usize) -> Self {
+        self.log_keep = Some(keep);
+        self
+    }
+}
+
+/// An allowlist policy.
+pub(crate) fn allow(entries: &[&str]) -> NetworkPolicy {
+    NetworkPolicy::parse(PolicyMode::Allowlist, entries).unwrap()
+}
+
+/// The gateway under test with its network, upstreams and clients.
+pub(crate) struct Harness {
+    pub(crate) net: TestNet,
+    pub(crate) gateway: Gateway,
+    pub(crate) policy: Arc<PolicyTable>,
+    pub(crate) dns: TestDns,
+    pub(crate) config: EgressConfig,
+    web: BTreeMap<&'static str, Web>,
+    tcp: BTreeMap<&'static str, TcpUpstream>,
+    _stalled: Vec<Stalled>,
+    ids: Vec<AgentId>,
+    dir: Scratch,
+}
+
+/// A scratch directory (the CA file, each sandbox's resolv.conf), removed when dropped, also on a panic.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Harness {
+    pub(crate) async fn start(setup: Setup) -> Self {
+        require_root();
+        init_tracing();
+        let dns = TestDns::start(setup.records.clone(), 30).await;
+        let ca = Arc::new(TestCa::new());
+        let mut connect_to = Vec::new();
+        let mut web = BTreeMap::new();
+        for name in &setup.web {
+            let https = EchoServer::https_with_ca(Arc::clone(&ca), &[name]).await;
+            let http = EchoServer::http().await;
+            connect_to.push(((*name).to_owned(), 443, https.addr()));
+            connect_to.push(((*name).to_owned(), 80, http.addr()));
+            web.insert(*name, Web { https, http });
+        }
+        let mut tcp = BTreeMap::new();
+        for (name, port) in &setup.tcp {
+            let upstream = TcpUpstream::start().await;
+            connect_to.push(((*name).to_owned(), *port, upstream.addr));
+            tcp.insert(*name, upstream);
+        }
+        for (name, port) in &setup.refused {
+            connect_to.push(((*name).to_owned(), *port, closed_loopback_port().await));
+        }
+        let mut stalled = Vec::new();
+        for (name, port) in &setup.stalled {
+            let upstream = tokio::task::block_in_place(Stalled::start);
+            connect_to.push(((*name).to_owned(), *port, upstream.addr));
+            stalled.push(upstream);
+        }
+
+        // The configuration's defaults (ports, log size, timeouts) are what the gateway runs with, except
+        // where a test says otherwise.
+        let config = EgressConfig {
+            dns_upstream: dns.addr().to_string(),
+            ..EgressConfig::default()
+        };
+        let policy = Arc::new(PolicyTable::new());
+        let mut builder = Gateway::builder()
+            .policy(Arc::clone(&policy) as _)
+            .config(&config)
+            .unwrap()
+            .dangerous(Dangerous {
+                connect_to,
+                ..Dangerous::default()
+            });
+        if let Some(t) = setup.timeouts {
+            builder = builder.timeouts(t);
+        }
+        if let Some(keep) = setup.log_keep {
+            builder = builder.log_keep(keep);
+        }
+        let gateway = builder.build().unwrap();
+
+        let net = TestNet::with_agents(setup.agents);
+        let ports = Ports {
+            proxy: config.proxy_port,
+            explicit: config.explicit_port,
+            dns: config.dns_port,
+            tunnel: Some(config.tunnel_port),
+        };
+        nft::harden(net.gateway()).unwrap();
+        GatewayRules {
+            ports,
+            agents: net.attachments(),
+        }
+        .apply(net.gateway())
+        .await
+        .unwrap();
+
+        static RUN: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "agenthold-gateway-test-{}-{}",
+            std::process::id(),
+            RUN.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dir = Scratch(dir);
+        std::fs::write(dir.0.join("ca.pem"), ca.pem()).unwrap();
+
+        let mut ids = Vec::new();
+        for (i, agent) in net.agents().iter().enumerate() {
+            let id = AgentId::new(format!("agent-{i}")).unwrap();
+            let p = setup
+                .policies
+                .get(i)
+                .or(setup.policies.last())
+                .cloned()
+                .unwrap_or_else(NetworkPolicy::open);
+            policy.set(id.clone(), p);
+            let gw = agent.gateway_addr();
+            let sockets = bind_sockets(&net, agent, &config);
+            gateway.attach(&id, sockets).unwrap();
+            std::fs::write(
+                dir.0.join(format!("resolv-{i}.conf")),
+                format!("nameserver {gw}\n"),
+            )
+            .unwrap();
+            ids.push(id);
+        }
+        Self {
+            net,
+            gateway,
+            policy,
+            dns,
+            config,
+            web,
+            tcp,
+            _stalled: stalled,
+            ids,
+            dir,
+        }
+    }
+
+    /// Binds fresh sockets for agent `i` and attaches it again (after a detach: what a reconcile does).
+    pub(crate) fn reattach(&self, i: usize) {
+        let sockets = bind_sockets(&self.net, self.agent(i), &self.config);
+        self.gateway.attach(self.id(i), sockets).unwrap();
+    }
+
+    /// Stop the gateway, remove the namespaces and the files, and assert nothing is left.
+    pub(crate) async fn close(self) {
+        self.gateway.shutdown(Duration::from_secs(2)).await;
+        let Self { net, .. } = self;
+        net.close();
+    }
+
+    pub(crate) fn id(&self, i: usize) -> &AgentId {
+        &self.ids[i]
+    }
+
+    pub(crate) fn agent(&self, i: usize) -> &TestAgent {
+        self.net.agent(i)
+    }
+
+    /// Agent `i`'s gateway address (its `.2`).
+    pub(crate) fn gw(&self, i: usize) -> Ipv4Addr {
+        self.agent(i).gateway_addr()
+    }
+
+    /// `IP:PORT` of agent `i`'s explicit proxy.
+    pub(crate) fn explicit(&self, i: usize) -> String {
+        format!("{}:{}", self.gw(i), self.config.explicit_port)
+    }
+
+    /// `http://IP:PORT` of agent `i`'s explicit proxy (what `HTTPS_PROXY` holds).
+    pub(crate) fn proxy_url(&self, i: usize) -> String {
+        format!("http://{}", self.explicit(i))
+    }
+
+    /// The test CA's certificate file (what `CURL_CA_BUNDLE` would name).
+    pub(crate) fn ca_file(&self) -> String {
+        self.dir.0.join("ca.pem").display().to_string()
+    }
+
+    /// A scratch file path.
+    pub(crate) fn file(&self, name: &str) -> PathBuf {
+        self.dir.0.join(name)
+    }
+
+    pub(crate) fn web(&self, name: &str) -> &Web {
+        &self.web[name]
+    }
+
+    pub(crate) fn tcp(&self, name: &str) -> &TcpUpstream {
+        &self.tcp[name]
+    }
+
+    pub(crate) fn set_policy(&self, i: usize, policy: NetworkPolicy) {
+        self.policy.set(self.id(i).clone(), policy);
+    }
+
+    /// Agent `i`'s request log.
+    pub(crate) fn log(&self, i: usize) -> Vec<LogEntry> {
+        self.gateway.log().snapshot(self.id(i))
+    }
+
+    /// Agent `i`'s log entries of `kind` for `host`.
+    pub(crate) fn entries(&self, i: usize, kind: LogKind, host: &str) -> Vec<LogEntry> {
+        self.log(i)
+            .into_iter()
+            .filter(|e| e.kind == kind && e.host.as_deref() == Some(host))
+            .collect()
+    }
+
+    /// Waits (up to 3 s) for agent `i`'s log to hold `count` entries of `kind` for `host`, and returns them.
+    /// Spliced connections are logged when they close, a moment after the client exits.
+    pub(crate) async fn wait_entries(
+        &self,
+        i: usize,
+        kind: LogKind,
+        host: &str,
+        count: usize,
+    ) -> Vec<LogEntry> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            let found = self.entries(i, kind, host);
+            if found.len() >= count {
+                return found;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "expected {count} {kind:?} entries for {host}, log: {:#?}",
+                self.log(i)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// An agent's listeners, bound at its `.2` inside the gateway namespace on the configured ports.
+fn bind_sockets(net: &TestNet, agent: &TestAgent, config: &EgressConfig) -> AgentSockets {
+    let gw = net.gateway();
+    let at = |port| SocketAddr::from((agent.gateway_addr(), port));
+    AgentSockets {
+        transparent: Some(gw.bind_tcp(at(config.proxy_port)).unwrap()),
+        explicit: Some(gw.bind_tcp(at(config.explicit_port)).unwrap()),
+        dns: Some((
+            gw.bind_udp(at(config.dns_port)).unwrap(),
+            gw.bind_tcp(at(config.dns_port)).unwrap(),
+        )),
+    }
+}
+
+/// The HTTP/1.1 request text `client.py session` sends.
+pub(crate) fn get(path: &str, host: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n")
+}
+
+/// Owned strings from string slices (curl arguments built in loops).
+pub(crate) fn strs(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}

@@ -1,0 +1,9 @@
+//! Docker end-to-end tests of `agenthold-sandbox` (ARCHITECTURE.md §4.3 and §4.4): real `agenthold/dev`
+//! containers whose only way out is the gateway, attacked from inside.
+//!
+//! Every test needs root and a running Docker engine (`make test` provides both) and uses its own data
+//! directory, hence its own gateway holder; everything a test creates is removed, also when it fails.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs, unreachable_pub)]
+
+mod explore;
+mod support;

@@ -1,0 +1,495 @@
+//! What every test here shares: the dev image (built once per process), loopback upstreams the gateway is
+//! pointed at with the test-only `dangerous` switches, a [`Runtime`] on its own data directory, shell
+//! helpers that run inside a sandbox, engine look-ups, and a cleanup that runs even when a test panics.
+//!
+//! Names: `allowed.test` (HTTPS and HTTP upstreams) and `*.allowed.test` are on the allowlist;
+//! `denied.test` is not, but it is mapped to canary upstreams, so a policy hole would show up there rather
+//! than as a connection failure. `www.allowed.test` resolves through the test DNS server (to a documentation
+//! address nothing ever dials).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr};
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agenthold_core::sandbox::{ExecOutput, ExecRequest};
+use agenthold_core::secret::{SecretRule, SecretSpec};
+use agenthold_core::{AgentId, Config, NetworkPolicy, PolicyMode, SandboxSpec};
+use agenthold_egress::Dangerous;
+use agenthold_sandbox::Runtime;
+use agenthold_sandbox::image::{DevImageOptions, ImageRef, ensure_dev_image};
+use agenthold_testsupport::{EchoServer, TestCa, TestDns};
+use bollard::Docker;
+use bollard::query_parameters::{
+    InspectContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
+    RemoveContainerOptions, RemoveVolumeOptions,
+};
+use futures_util::FutureExt;
+use sha2::Digest;
+
+/// On the allowlist, served by [`Upstreams::https`] and [`Upstreams::http`].
+pub const ALLOWED: &str = "allowed.test";
+/// Not on the allowlist; mapped to canaries that must never see a request.
+pub const DENIED: &str = "denied.test";
+/// On the allowlist through `*.allowed.test`, resolved by the test DNS server (never dialled).
+pub const RESOLVED: &str = "www.allowed.test";
+/// What [`RESOLVED`] resolves to upstream (TEST-NET-3: documentation, nothing answers).
+pub const RESOLVED_ADDR: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 7);
+/// The secret's real value: must reach the upstream, never the sandbox.
+pub const SECRET_VALUE: &str = "sk-real-value-8f2c1e7a";
+/// The environment variable carrying the secret's placeholder.
+pub const SECRET_ENV: &str = "API_KEY";
+
+/// The dev image, built or reused once per test process.
+pub async fn dev_image() -> ImageRef {
+    static IMAGE: tokio::sync::OnceCell<ImageRef> = tokio::sync::OnceCell::const_new();
+    IMAGE
+        .get_or_init(|| async {
+            let docker = docker().await;
+            // One work directory for every test process (the image tests' too): its lock serialises builds.
+            let work = std::env::temp_dir().join("agenthold-image-tests");
+            let started = Instant::now();
+            let image = ensure_dev_image(&docker, &work, &DevImageOptions::default())
+                .await
+                .expect("build or reuse agenthold/dev");
+            eprintln!("dev image ready in {:?}", started.elapsed());
+            image
+        })
+        .await
+        .clone()
+}
+
+/// A version-negotiated engine client (one per call: a client must not outlive its tokio runtime).
+pub async fn docker() -> Docker {
+    Docker::connect_with_local_defaults()
+        .expect("docker socket")
+        .negotiate_version()
+        .await
+        .expect("docker engine")
+}
+
+/// Loopback upstreams and DNS the gateway is pointed at.
+pub struct Upstreams {
+    /// Trust anchor of the HTTPS upstreams.
+    pub ca: Arc<TestCa>,
+    /// `https://allowed.test`.
+    pub https: EchoServer,
+    /// `http://allowed.test`.
+    pub http: EchoServer,
+    /// `https://denied.test`: a canary.
+    pub denied_https: EchoServer,
+    /// `http://denied.test`: a canary.
+    pub denied_http: EchoServer,
+    /// The gateway's DNS upstream.
+    pub dns: TestDns,
+}
+
+impl Upstreams {
+    /// Start every upstream on loopback.
+    pub async fn start() -> Self {
+        let ca = Arc::new(TestCa::new());
+        let https = EchoServer::https_with_ca(Arc::clone(&ca), &[ALLOWED]).await;
+        let denied_https = EchoServer::https_with_ca(Arc::clone(&ca), &[DENIED]).await;
+        let dns = TestDns::start([(RESOLVED, vec![IpAddr::V4(RESOLVED_ADDR)])], 60).await;
+        Self {
+            ca,
+            https,
+            http: EchoServer::http().await,
+            denied_https,
+            denied_http: EchoServer::http().await,
+            dns,
+        }
+    }
+
+    /// The test-only switches: every name mapped to its loopback upstream, the test CA trusted upstream.
+    pub fn dangerous(&self) -> Dangerous {
+        Dangerous {
+            connect_to: vec![
+                (ALLOWED.into(), 443, self.https.addr()),
+                (ALLOWED.into(), 80, self.http.addr()),
+                (DENIED.into(), 443, self.denied_https.addr()),
+                (DENIED.into(), 80, self.denied_http.addr()),
+            ],
+            upstream_ca_pem: Some(self.ca.pem().into_bytes()),
+        }
+    }
+
+    /// Requests the canaries received (must stay empty).
+    pub fn canary_requests(&self) -> usize {
+        self.denied_https.requests().len() + self.denied_http.requests().len()
+    }
+}
+
+/// The allowlist every test agent starts with.
+pub fn allowlist() -> NetworkPolicy {
+    NetworkPolicy::parse(PolicyMode::Allowlist, &[ALLOWED, "*.allowed.test"]).expect("valid allowlist")
+}
+
+/// A secret injected as `Authorization: Bearer …` for `allowed.test`, its placeholder in `API_KEY`.
+pub fn secret() -> SecretSpec {
+    let rule = SecretRule::header(&[ALLOWED], "Authorization", "Bearer {{.Value}}").expect("valid rule");
+    SecretSpec::new("api-key", SECRET_VALUE.into(), Some(SECRET_ENV), vec![rule]).expect("valid secret")
+}
+
+/// A spec: allowlist, the secret, small limits.
+pub fn spec() -> SandboxSpec {
+    SandboxSpec {
+        policy: allowlist(),
+        secrets: vec![secret()],
+        memory_bytes: Some(256 * 1024 * 1024),
+        pids: Some(128),
+        ..SandboxSpec::default()
+    }
+}
+
+/// The installation label a runtime on `data_dir` puts on its objects (as the runtime derives it).
+pub fn instance_of(data_dir: &Path) -> String {
+    hex::encode(sha2::Sha256::digest(data_dir.display().to_string().as_bytes()))[..12].to_owned()
+}
+
+/// A runtime on its own data directory, with its upstreams.
+pub struct Env {
+    /// The runtime under test.
+    pub runtime: Runtime,
+    /// Its upstreams.
+    pub up: Upstreams,
+    /// Its data directory (removed on drop).
+    pub dir: tempfile::TempDir,
+    /// Its installation label.
+    pub instance: String,
+    /// Subnet pool of this environment (tests get disjoint pools so that parallel runtimes never race
+    /// for the same /24).
+    pub pool: ipnet::Ipv4Net,
+}
+
+/// A distinct /22 per environment in this process, inside 10.214.0.0/16 (the default pool is left to
+/// other users of the engine).
+fn next_pool() -> ipnet::Ipv4Net {
+    static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 64;
+    format!("10.214.{}.0/22", n * 4).parse().expect("valid pool")
+}
+
+/// A configuration for `dir` and `pool` with the seeds' defaults otherwise.
+pub fn config(dir: &Path, pool: ipnet::Ipv4Net) -> Config {
+    let mut config = Config {
+        data_dir: dir.to_path_buf(),
+        ..Config::default()
+    };
+    config.sandbox.subnet_pool = pool;
+    config
+}
+
+/// Build a runtime on `dir` pointed at `up`.
+pub async fn build_runtime(dir: &Path, pool: ipnet::Ipv4Net, up: &Upstreams) -> Runtime {
+    Runtime::builder()
+        .config(config(dir, pool))
+        .dns_upstream(up.dns.addr())
+        .dangerous(up.dangerous())
+        .build()
+        .await
+        .expect("build the runtime")
+}
+
+impl Env {
+    /// Upstreams, a data directory and a runtime; the dev image exists.
+    pub async fn start() -> Self {
+        agenthold_testsupport::require_root();
+        agenthold_testsupport::init_tracing();
+        dev_image().await;
+        let up = Upstreams::start().await;
+        let dir = tempfile::Builder::new()
+            .prefix("ah-int-")
+            .tempdir()
+            .expect("data dir");
+        let pool = next_pool();
+        let runtime = build_runtime(dir.path(), pool, &up).await;
+        let instance = instance_of(dir.path());
+        Self {
+            runtime,
+            up,
+            dir,
+            instance,
+            pool,
+        }
+    }
+
+    /// A sandbox with [`spec`] (or `spec` when given).
+    pub async fn sandbox(&self, spec: Option<SandboxSpec>) -> AgentId {
+        self.runtime
+            .create_sandbox(spec.unwrap_or_else(self::spec))
+            .await
+            .expect("create a sandbox")
+    }
+
+    /// Run `body`, then remove everything this environment made, also when `body` panicked.
+    pub async fn guard(&self, body: impl Future<Output = ()>) {
+        let outcome = AssertUnwindSafe(body).catch_unwind().await;
+        self.cleanup().await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    /// Remove every sandbox through the runtime, stop it, then sweep anything left with this installation's
+    /// label (a failed test must not leave containers behind for the next one).
+    pub async fn cleanup(&self) {
+        for agent in self.runtime.sandboxes().await.unwrap_or_default() {
+            if let Err(e) = self.runtime.remove(&agent).await {
+                eprintln!("cleanup: removing {agent} failed: {e}");
+            }
+        }
+        self.runtime.shutdown().await;
+        sweep(&self.instance).await;
+    }
+
+    /// `bash -c script` in `agent`, to completion.
+    pub async fn sh(&self, agent: &AgentId, script: &str) -> Out {
+        sh(&self.runtime, agent, script).await
+    }
+}
+
+/// A finished command, with its output as text.
+#[derive(Debug, Clone)]
+pub struct Out {
+    /// Exit code.
+    pub code: i64,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl From<ExecOutput> for Out {
+    fn from(o: ExecOutput) -> Self {
+        Self {
+            code: o.exit_code,
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for Out {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Out {
+    /// Panics (with the output) unless the command exited 0.
+    pub fn ok(self) -> Self {
+        assert_eq!(self.code, 0, "command failed:\n{self}");
+        self
+    }
+}
+
+/// `bash -c script` in `agent` through `runtime`, with a 60 s timeout.
+pub async fn sh(runtime: &Runtime, agent: &AgentId, script: &str) -> Out {
+    let request = ExecRequest {
+        argv: vec!["bash".into(), "-c".into(), script.into()],
+        timeout: Some(Duration::from_secs(60)),
+        ..ExecRequest::default()
+    };
+    runtime.exec_request(agent, request).await.expect("exec").into()
+}
+
+/// Run a Python program in `agent` (stdin-fed), with a timeout.
+pub async fn python(runtime: &Runtime, agent: &AgentId, program: &str) -> Out {
+    let request = ExecRequest {
+        argv: vec!["python3".into(), "-".into()],
+        stdin: Some(program.as_bytes().to_vec()),
+        timeout: Some(Duration::from_secs(90)),
+        ..ExecRequest::default()
+    };
+    runtime.exec_request(agent, request).await.expect("exec").into()
+}
+
+/// Poll `check` every 100 ms until it returns true or `limit` passes; the time it took, or `None`.
+pub async fn wait_for<F, Fut>(limit: Duration, mut check: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let started = Instant::now();
+    loop {
+        if check().await {
+            return Some(started.elapsed());
+        }
+        if started.elapsed() > limit {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What the engine says about an agent's sandbox container.
+#[derive(Debug, Clone)]
+pub struct ContainerFacts {
+    /// Container id.
+    pub id: String,
+    /// `State.StartedAt`.
+    pub started_at: String,
+    /// Init process on the host.
+    pub pid: i64,
+    /// Its address on the agent network.
+    pub ip: Ipv4Addr,
+    /// The agent network's name.
+    pub network: String,
+    /// Labels.
+    pub labels: HashMap<String, String>,
+}
+
+/// Inspect `agenthold-<agent>`.
+pub async fn container(agent: &AgentId) -> ContainerFacts {
+    let docker = docker().await;
+    let c = docker
+        .inspect_container(&format!("agenthold-{agent}"), None::<InspectContainerOptions>)
+        .await
+        .expect("inspect the sandbox");
+    let state = c.state.unwrap_or_default();
+    let networks = c.network_settings.and_then(|n| n.networks).unwrap_or_default();
+    let (network, endpoint) = networks.into_iter().next().expect("the sandbox has a network");
+    ContainerFacts {
+        id: c.id.unwrap_or_default(),
+        started_at: state.started_at.unwrap_or_default(),
+        pid: state.pid.unwrap_or(0),
+        ip: endpoint
+            .ip_address
+            .unwrap_or_default()
+            .parse()
+            .expect("sandbox address"),
+        network,
+        labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
+    }
+}
+
+/// The agent network's bridge, subnet and gateway (`.2`).
+#[derive(Debug, Clone)]
+pub struct NetFacts {
+    /// Host bridge interface.
+    pub bridge: String,
+    /// The /24.
+    pub subnet: ipnet::Ipv4Net,
+    /// `.2`.
+    pub gateway: Ipv4Addr,
+}
+
+/// Inspect the agent network `agenthold-<agent>`.
+pub async fn network(agent: &AgentId) -> NetFacts {
+    let docker = docker().await;
+    let n = docker
+        .inspect_network(
+            &format!("agenthold-{agent}"),
+            None::<bollard::query_parameters::InspectNetworkOptions>,
+        )
+        .await
+        .expect("inspect the agent network");
+    let options = n.options.unwrap_or_default();
+    let ipam = n.ipam.and_then(|i| i.config).unwrap_or_default();
+    let config = ipam.first().expect("one IPAM config");
+    NetFacts {
+        bridge: options
+            .get("com.docker.network.bridge.name")
+            .cloned()
+            .expect("a named bridge"),
+        subnet: config.subnet.as_deref().expect("subnet").parse().expect("a /24"),
+        gateway: config
+            .gateway
+            .as_deref()
+            .expect("gateway")
+            .parse()
+            .expect("gateway address"),
+    }
+}
+
+/// Names of this installation's containers, networks and volumes.
+pub async fn engine_objects(instance: &str) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let docker = docker().await;
+    let label = HashMap::from([("label".to_owned(), vec![format!("agenthold.instance={instance}")])]);
+    let containers = docker
+        .list_containers(Some(ListContainersOptions {
+            all: true,
+            filters: Some(label.clone()),
+            ..Default::default()
+        }))
+        .await
+        .expect("list containers")
+        .into_iter()
+        .flat_map(|c| c.names.unwrap_or_default())
+        .collect();
+    let networks = docker
+        .list_networks(Some(ListNetworksOptions {
+            filters: Some(label.clone()),
+        }))
+        .await
+        .expect("list networks")
+        .into_iter()
+        .filter_map(|n| n.name)
+        .collect();
+    let volumes = docker
+        .list_volumes(Some(ListVolumesOptions { filters: Some(label) }))
+        .await
+        .expect("list volumes")
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    (containers, networks, volumes)
+}
+
+/// Remove whatever is left with `instance`'s label (containers, networks, volumes) and their
+/// `DOCKER-USER` accepts. Best effort: this only runs after a test already finished.
+pub async fn sweep(instance: &str) {
+    let docker = docker().await;
+    let (containers, networks, volumes) = engine_objects(instance).await;
+    for name in containers {
+        let options = RemoveContainerOptions {
+            force: true,
+            v: true,
+            link: false,
+        };
+        let _ = docker
+            .remove_container(name.trim_start_matches('/'), Some(options))
+            .await;
+    }
+    for name in networks {
+        if let Ok(n) = docker
+            .inspect_network(&name, None::<bollard::query_parameters::InspectNetworkOptions>)
+            .await
+            && let Some(bridge) = n
+                .options
+                .unwrap_or_default()
+                .get("com.docker.network.bridge.name")
+        {
+            let _ = agenthold_sandbox::hostfw::disallow_bridge(bridge);
+        }
+        let _ = docker.remove_network(&name).await;
+    }
+    for name in volumes {
+        let _ = docker
+            .remove_volume(&name, Some(RemoveVolumeOptions { force: true }))
+            .await;
+    }
+}
+
+/// Run a host command, returning stdout (panics when it cannot run).
+pub fn host(program: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"))
+}
+
+/// A path below the test binary's own temporary area.
+pub fn scratch(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("ah-int-{}-{name}", std::process::id()))
+}
