@@ -59,7 +59,7 @@ impl<T: Serialize + DeserializeOwned> AgentTable<T> {
             match serde_json::from_slice(&value) {
                 Ok(record) => out.push((agent, record)),
                 Err(e) => {
-                    tracing::warn!(agent = %agent, error = %e, what = self.what, "unreadable record skipped")
+                    tracing::warn!(agent = %agent, error = %e, what = self.what, "unreadable record skipped");
                 }
             }
         }
