@@ -17,6 +17,8 @@ want openssl openssl
 want debootstrap debootstrap
 want unshare util-linux
 want dnsmasq dnsmasq-base
+want node nodejs
+want tar tar
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     log "missing ${need_pkgs[*]} and not root: install them or run as root"; exit 1
@@ -37,6 +39,12 @@ if ! docker version >/dev/null 2>&1; then
     sleep 0.5
   done
   docker version >/dev/null 2>&1 || { log "dockerd did not come up; see /var/log/agenthold-dockerd.log"; exit 1; }
+fi
+
+# Clients the tests drive from inside sandboxes and jails.
+if ! python3 -c 'import requests' >/dev/null 2>&1; then
+  log "installing python requests"
+  python3 -m pip install --quiet requests
 fi
 
 if ! command -v cargo-audit >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo-audit" ]; then

@@ -102,6 +102,9 @@ pub(crate) struct Shared {
     pub(crate) records: Arc<dns::Records>,
     pub(crate) dialer: Dialer,
     pub(crate) client: HttpClient,
+    /// The same, speaking only HTTP/1.1 upstream: protocol upgrades (WebSocket) exist only there, and the
+    /// pooled client would pick h2 with an upstream that offers it.
+    pub(crate) client_h1: HttpClient,
     pub(crate) timeouts: Timeouts,
     pub(crate) disabled: bool,
 }
@@ -291,7 +294,12 @@ impl GatewayBuilder {
             tls_server,
             log: Arc::new(RequestLog::new(self.log_keep)),
             records: Arc::new(dns::Records::new()),
-            client: crate::upstream::client(dialer.clone(), tls_client, self.timeouts.connect),
+            client: crate::upstream::client(dialer.clone(), Arc::clone(&tls_client), self.timeouts.connect),
+            client_h1: crate::upstream::client(
+                dialer.clone(),
+                crate::tls::http1_only(&tls_client),
+                self.timeouts.connect,
+            ),
             dialer,
             timeouts: self.timeouts,
             disabled: self.disabled,

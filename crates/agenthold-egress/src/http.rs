@@ -355,7 +355,8 @@ async fn forward(
             return refuse_pending(pending, StatusCode::BAD_REQUEST, problem);
         }
     };
-    match gw.client.request(upstream_req).await {
+    let client = if wants_upgrade { &gw.client_h1 } else { &gw.client };
+    match client.request(upstream_req).await {
         Ok(mut resp) => {
             pending.entry.status = Some(resp.status().as_u16());
             if resp.status() == StatusCode::SWITCHING_PROTOCOLS

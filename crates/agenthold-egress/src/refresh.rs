@@ -119,8 +119,9 @@ pub(crate) async fn answer(
             }
         }
     } else {
-        // Errors (invalid_grant, …) carry no tokens: pass them on so the harness can react.
-        body
+        // Errors (invalid_grant, …) go back so the harness can react, with any real token they quote
+        // replaced by its placeholder.
+        Bytes::from(injector.refresh_error(&ctx.agent, secret, &body))
     };
     pending
         .counters

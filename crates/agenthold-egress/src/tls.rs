@@ -54,6 +54,13 @@ pub(crate) fn client_config(extra_pem: Option<&[u8]>) -> Result<Arc<rustls::Clie
     Ok(Arc::new(config))
 }
 
+/// `config` offering only `http/1.1` by ALPN.
+pub(crate) fn http1_only(config: &Arc<rustls::ClientConfig>) -> Arc<rustls::ClientConfig> {
+    let mut config = rustls::ClientConfig::clone(config);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
 /// The server configuration for intercepted connections: leaves per SNI from `ca`, ALPN h2 and http/1.1.
 pub(crate) fn server_config(ca: Arc<CertificateAuthority>) -> Result<Arc<rustls::ServerConfig>> {
     let mut config = rustls::ServerConfig::builder_with_provider(provider())

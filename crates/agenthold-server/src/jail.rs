@@ -258,8 +258,7 @@ pub(crate) fn stage_two(args: &JailArgs) -> Result<i32> {
                     return Ok(code);
                 }
             }
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => {}
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => bail!("wait: {e}"),
         }
     }

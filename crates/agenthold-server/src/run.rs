@@ -182,27 +182,13 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
         prepared = prepare(args, plan) => prepared?,
         signal = signals.next() => return Ok(128 + signal as i32),
     };
+    let status = run_jailed(&prepared, &args.command, &mut signals).await?;
     let Prepared {
         net,
         gateway,
         log_writer,
-        resolv,
-        bundle,
-        env,
-        hide,
-        secret_values,
+        ..
     } = prepared;
-    let status = run_jailed(
-        &net.sandbox,
-        &resolv,
-        &bundle,
-        &args.command,
-        &env,
-        &hide,
-        &secret_values,
-        &mut signals,
-    )
-    .await?;
 
     // Let connections the command left open close and get logged, then stop.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -370,26 +356,17 @@ fn write_ca_bundle(dir: &Path, ca: &CertificateAuthority) -> Result<PathBuf> {
 pub(crate) const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// Run `command` in the jail with `env` added; forward SIGINT, SIGTERM and SIGHUP to it.
-async fn run_jailed(
-    sandbox: &NetNs,
-    resolv: &Path,
-    bundle: &Path,
-    command: &[String],
-    env: &BTreeMap<String, String>,
-    hide: &[PathBuf],
-    secret_values: &[Vec<u8>],
-    signals: &mut Signals,
-) -> Result<ExitStatus> {
+async fn run_jailed(prepared: &Prepared, command: &[String], signals: &mut Signals) -> Result<ExitStatus> {
     let exe = std::env::current_exe().context("find the agenthold executable")?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("__jail")
         .arg("--netns")
-        .arg(sandbox.path())
+        .arg(prepared.net.sandbox.path())
         .arg("--resolv")
-        .arg(resolv)
+        .arg(&prepared.resolv)
         .arg("--ca-bundle")
-        .arg(bundle);
-    for path in hide {
+        .arg(&prepared.bundle);
+    for path in &prepared.hide {
         cmd.arg("--hide").arg(path);
     }
     if let Some((uid, gid)) = sudo_caller() {
@@ -402,14 +379,15 @@ async fn run_jailed(
     // source, the master key), plus the datapath's variables.
     cmd.env_clear();
     for (key, value) in std::env::vars_os() {
-        let carries_secret = secret_values
+        let carries_secret = prepared
+            .secret_values
             .iter()
             .any(|s| s.len() >= 4 && contains(value.as_encoded_bytes(), s));
         if key != "AGENTHOLD_MASTER_KEY" && !carries_secret {
             cmd.env(key, value);
         }
     }
-    cmd.arg("--").args(command).envs(env).kill_on_drop(true);
+    cmd.arg("--").args(command).envs(&prepared.env).kill_on_drop(true);
     let mut child = cmd.spawn().context("start the jailed command")?;
     let pid = child
         .id()

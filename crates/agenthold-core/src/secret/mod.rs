@@ -553,6 +553,13 @@ pub trait SecretInjector: Send + Sync {
     fn refresh_response(&self, _agent: &AgentId, _secret: &str, _body: &[u8]) -> Option<Vec<u8>> {
         None
     }
+
+    /// The upstream refused a refresh with `body` (an error such as `invalid_grant`): what the sandbox gets
+    /// instead, with every form of the real tokens replaced by placeholders (a provider may quote the token
+    /// it refused). The default answers a generic error and passes nothing on.
+    fn refresh_error(&self, _agent: &AgentId, _secret: &str, _body: &[u8]) -> Vec<u8> {
+        br#"{"error":"token_refresh_failed"}"#.to_vec()
+    }
 }
 
 #[cfg(test)]

@@ -332,12 +332,7 @@ impl SecretInjector for SecretTable {
 
     fn refresh_response(&self, agent: &AgentId, secret: &str, body: &[u8]) -> Option<Vec<u8>> {
         let secrets = self.get(agent)?;
-        let refresh = secrets.iter().find(|s| s.spec.name == secret)?;
-        let access_name = refresh.spec.rules.iter().find_map(|r| match &r.kind {
-            RuleKind::TokenRefresh { access_secret, .. } => Some(access_secret.as_str()),
-            _ => None,
-        })?;
-        let access = secrets.iter().find(|s| s.spec.name == access_name)?;
+        let (refresh, access) = refresh_pair(&secrets, secret)?;
         let mut json: serde_json::Value = serde_json::from_slice(body).ok()?;
         let object = json.as_object_mut()?;
         let mut updates = Vec::new();
@@ -360,6 +355,34 @@ impl SecretInjector for SecretTable {
         }
         Some(sanitized)
     }
+
+    fn refresh_error(&self, agent: &AgentId, secret: &str, body: &[u8]) -> Vec<u8> {
+        let generic = br#"{"error":"token_refresh_failed"}"#.to_vec();
+        let Some(secrets) = self.get(agent) else {
+            return generic;
+        };
+        match refresh_pair(&secrets, secret) {
+            Some((refresh, access)) => redact_values(body, &[refresh, access]),
+            None => generic,
+        }
+    }
+}
+
+/// `body` with every raw, JSON-escaped and percent-encoded occurrence of each secret's value replaced by its
+/// placeholder.
+fn redact_values(body: &[u8], secrets: &[&Attached]) -> Vec<u8> {
+    let mut out = body.to_vec();
+    for s in secrets {
+        let value = s.spec.value.expose();
+        let mut forms = vec![value.to_vec(), percent_encode(value).into_bytes()];
+        forms.extend(json_string_body(value));
+        for form in forms.iter().filter(|f| !f.is_empty()) {
+            if let Some(replaced) = replace_all(&out, form, s.placeholder.as_bytes()) {
+                out = replaced;
+            }
+        }
+    }
+    out
 }
 
 /// The agent's refresh-token secret whose rule covers this host and exactly this path, if any.
@@ -371,6 +394,17 @@ fn refresh_secret<'a>(secrets: &'a [Attached], host: &str, path_and_query: &str)
             .iter()
             .any(|r| r.covers(host) && matches!(&r.kind, RuleKind::TokenRefresh { path: p, .. } if p == path))
     })
+}
+
+/// The refresh secret `secret` and the access secret its rule renews.
+fn refresh_pair<'a>(secrets: &'a [Attached], secret: &str) -> Option<(&'a Attached, &'a Attached)> {
+    let refresh = secrets.iter().find(|s| s.spec.name == secret)?;
+    let access_name = refresh.spec.rules.iter().find_map(|r| match &r.kind {
+        RuleKind::TokenRefresh { access_secret, .. } => Some(access_secret.as_str()),
+        _ => None,
+    })?;
+    let access = secrets.iter().find(|s| s.spec.name == access_name)?;
+    Some((refresh, access))
 }
 
 /// `value` as the inside of a JSON string (quotes not included).
@@ -675,6 +709,13 @@ mod tests {
             format!("refresh_token={refresh_ph}").as_bytes(),
         );
         assert_eq!(&up.unwrap()[..], b"refresh_token=rt-2");
+        // A refused refresh that quotes the token it refused gives the sandbox the placeholder instead.
+        let refused = br#"{"error":"invalid_grant","error_description":"token rt-2 was revoked"}"#;
+        let answer = String::from_utf8(t.refresh_error(&a, "refresh", refused)).unwrap();
+        assert!(
+            !answer.contains("rt-2") && answer.contains(&refresh_ph),
+            "{answer}"
+        );
     }
 
     #[test]

@@ -2,7 +2,12 @@
 //! interrupted"): after every way a run can end, no `ahr-<pid>-*` namespace remains in `ip netns list`,
 //! no veth of the run is on the host and no nftables table of agenthold's is on the host. A run killed
 //! with SIGKILL cannot clean up: its namespaces stay until the next run removes them, and its command
-//! dies with it (parent-death signal).
+//! dies with it (parent-death signal down the jail's two stages; when the jail's init, pid 1 of its PID
+//! namespace, ends, the kernel kills whatever is left in that namespace, background processes included).
+//!
+//! The command runs in its own PID namespace, so the pids it prints (`$$`, `$!`) are the jail's: the
+//! tests look its processes up in the host's /proc ([`crate::support::jail_process`]) and identify
+//! them by host pid and start time ([`HostProcess`]), so that a reused pid is never taken for one of them.
 
 use std::time::{Duration, Instant};
 
@@ -10,14 +15,15 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use crate::support::{
-    Env, HostSnapshot, namespaces_of, process_alive, read_pid, sandbox_tag, wait_exit, wait_for_file,
-    wait_gone,
+    Env, HostProcess, HostSnapshot, jail_pid_namespace, jail_process_from_file, namespaces_of,
+    processes_in_pid_namespace, sandbox_tag, wait_exit, wait_for_file,
 };
 
 /// Prints the sandbox's links (the veth's name carries the run's tag).
 const SHOW_LINKS: &str = "ip -o link";
 
-/// A command that records its links in `tag_file` and its pid in `pid_file`, then sleeps.
+/// A command that records its links in `tag_file` and its pid (inside the jail) in `pid_file`, then
+/// sleeps.
 fn sleeper(env: &Env) -> (String, std::path::PathBuf, std::path::PathBuf) {
     let (tag_file, pid_file) = (env.path("links.txt"), env.path("cmd.pid"));
     let script = format!(
@@ -72,7 +78,7 @@ async fn interrupted_run_cleans_up(sig: Signal) {
     let (script, tag_file, pid_file) = sleeper(&env);
     let mut child = env.run().spawn(&["sh", "-c", &script]);
     let agenthold = child.id().unwrap();
-    let command = read_pid(&pid_file).await;
+    let command = jail_process_from_file(agenthold, &pid_file).await;
     let tag = sandbox_tag(&wait_for_file(&tag_file).await).expect("the run's tag");
     assert_eq!(
         namespaces_of(agenthold).len(),
@@ -90,10 +96,10 @@ async fn interrupted_run_cleans_up(sig: Signal) {
         "agenthold took {:?} to exit",
         sent.elapsed()
     );
-    assert!(
-        wait_gone(command, Duration::from_secs(2)).await,
-        "the command survived {sig} to agenthold"
-    );
+    if !command.wait_gone(Duration::from_secs(2)).await {
+        command.kill();
+        panic!("the command survived {sig} to agenthold: {command:?}");
+    }
     before.assert_left_nothing(agenthold, Some(&tag));
 }
 
@@ -116,21 +122,22 @@ async fn sigterm_to_agenthold_ends_the_command_and_cleans_up() {
 #[ignore = "needs root and nftables: run with make test"]
 async fn sigkill_leaves_namespaces_that_the_next_run_removes() {
     // Exclusive: any run removes the stale namespaces of killed runs, so no other test may start one
-    // between the kill and the checks below.
+    // between the kill and the checks below (nor another copy of this binary: `Env` also takes a file
+    // lock).
     let env = Env::exclusive().await;
     let before = HostSnapshot::take();
     let (script, tag_file, pid_file) = sleeper(&env);
     let mut child = env.run().spawn(&["sh", "-c", &script]);
     let agenthold = child.id().unwrap();
-    let command = read_pid(&pid_file).await;
+    let command = jail_process_from_file(agenthold, &pid_file).await;
     let tag = sandbox_tag(&wait_for_file(&tag_file).await).expect("the run's tag");
     tokio::time::sleep(Duration::from_millis(200)).await;
     signal(agenthold, Signal::SIGKILL);
     assert_eq!(wait_exit(&mut child).await, None, "agenthold was killed");
-    assert!(
-        wait_gone(command, Duration::from_secs(3)).await,
-        "the command outlived a killed agenthold"
-    );
+    if !command.wait_gone(Duration::from_secs(3)).await {
+        command.kill();
+        panic!("the command outlived a killed agenthold: {command:?}");
+    }
     let stale = namespaces_of(agenthold);
     assert_eq!(
         stale.len(),
@@ -147,9 +154,7 @@ async fn sigkill_leaves_namespaces_that_the_next_run_removes() {
 
 // covers: issue 3 item 7 (cleanup when interrupted at any moment, setup included)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: SIGINT/SIGTERM during setup (namespaces made, command not started yet) kills agenthold with \
-            the default action: its namespaces stay until another run; run.rs installs its handlers only \
-            after spawning the command"]
+#[ignore = "needs root and nftables: run with make test"]
 async fn signal_during_setup_still_cleans_up() {
     let env = Env::new().await;
     let mut leaks = Vec::new();
@@ -173,47 +178,107 @@ async fn signal_during_setup_still_cleans_up() {
     assert!(leaks.is_empty(), "{}", leaks.join("\n"));
 }
 
+/// Waits (at most 2 s: it may not have exec'd yet) until `process` runs `sleep 30`.
+async fn runs_sleep_30(process: &HostProcess) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while process.cmdline() != ["sleep", "30"] {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
+/// How a run with background processes ends.
+#[derive(Debug, Clone, Copy)]
+enum End {
+    /// The command exits 0 while its background processes still run.
+    CommandExits,
+    /// agenthold gets this signal.
+    Signal(Signal),
+}
+
 // covers: issue 3 item 7 (nothing of the command keeps running once the run is over)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: background processes of the command outlive the run (normal end, SIGTERM, SIGKILL): only the \
-            direct child is signalled and has the parent-death signal; no PID namespace or cgroup holds the tree"]
+#[ignore = "needs root and nftables: run with make test"]
 async fn background_processes_do_not_outlive_the_run() {
     let env = Env::new().await;
     let mut survivors = Vec::new();
-    for (case, sig) in [
-        ("command exits", None),
-        ("SIGTERM", Some(Signal::SIGTERM)),
-        ("SIGKILL", Some(Signal::SIGKILL)),
+    for end in [
+        End::CommandExits,
+        End::Signal(Signal::SIGTERM),
+        End::Signal(Signal::SIGINT),
+        End::Signal(Signal::SIGKILL),
     ] {
-        let bg_file = env.path("bg.pid");
-        let pid_file = env.path("cmd.pid");
-        let _ = std::fs::remove_file(&bg_file);
-        let _ = std::fs::remove_file(&pid_file);
-        let tail = if sig.is_some() {
-            format!("echo $$ > {}; exec sleep 30", pid_file.display())
-        } else {
-            "exit 0".into()
+        let (bg, orphan, ready, go) = (
+            env.path("bg.pid"),
+            env.path("orphan.pid"),
+            env.path("ready"),
+            env.path("go"),
+        );
+        for file in [&bg, &orphan, &ready, &go] {
+            let _ = std::fs::remove_file(file);
+        }
+        // A plain background job, and an orphan in its own session that ignores the polite signals (its
+        // parent subshell exits at once, so the jail's init adopts it). Then the command waits for the
+        // test to have found them on the host, and exits or sleeps until agenthold is signalled.
+        let tail = match end {
+            End::CommandExits => format!("while [ ! -e {} ]; do sleep 0.02; done; exit 0", go.display()),
+            End::Signal(_) => "exec sleep 30".to_owned(),
         };
         let script = format!(
-            "sleep 30 </dev/null >/dev/null 2>&1 & echo $! > {}; {tail}",
-            bg_file.display()
+            "sleep 30 </dev/null >/dev/null 2>&1 & echo $! > {bg}; \
+             (trap '' TERM INT HUP; setsid sleep 30 </dev/null >/dev/null 2>&1 & echo $! > {orphan}); \
+             echo $$ > {ready}; {tail}",
+            bg = bg.display(),
+            orphan = orphan.display(),
+            ready = ready.display(),
         );
         let mut child = env.run().spawn(&["sh", "-c", &script]);
-        let background = read_pid(&bg_file).await;
-        if let Some(sig) = sig {
-            read_pid(&pid_file).await;
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            signal(child.id().unwrap(), sig);
+        let agenthold = child.id().unwrap();
+        let background = jail_process_from_file(agenthold, &bg).await;
+        let adopted = jail_process_from_file(agenthold, &orphan).await;
+        jail_process_from_file(agenthold, &ready).await;
+        // Everything in the jail now (its init, the shell, both sleeps...), not only what the test asked for.
+        let ns = jail_pid_namespace(agenthold).expect("the jail's PID namespace");
+        let everything: Vec<HostProcess> = processes_in_pid_namespace(&ns)
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect();
+        for (what, process) in [("background job", background), ("orphan", adopted)] {
+            assert!(
+                runs_sleep_30(&process).await,
+                "{end:?}: the {what} found on the host: {process:?} {:?}",
+                process.cmdline()
+            );
+            assert!(
+                everything.contains(&process),
+                "{end:?}: the {what} is not in the jail's namespace"
+            );
         }
-        wait_exit(&mut child).await;
-        if !wait_gone(background, Duration::from_secs(2)).await {
-            survivors.push(format!("{case}: background pid {background} still runs"));
-            // Only if the pid is still our `sleep 30` (never signal a pid that was reused).
-            let cmdline = std::fs::read(format!("/proc/{background}/cmdline")).unwrap_or_default();
-            if process_alive(background) && cmdline == b"sleep\x0030\x00" {
-                let _ = kill(Pid::from_raw(background), Signal::SIGKILL);
+        match end {
+            End::CommandExits => std::fs::write(&go, "").unwrap(),
+            End::Signal(sig) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                signal(agenthold, sig);
+            }
+        }
+        let code = wait_exit(&mut child).await;
+        let expected = match end {
+            End::CommandExits => Some(0),
+            End::Signal(Signal::SIGKILL) => None,
+            End::Signal(sig) => Some(128 + sig as i32),
+        };
+        assert_eq!(code, expected, "{end:?}: agenthold's exit code");
+        for process in &everything {
+            if !process.wait_gone(Duration::from_secs(2)).await {
+                survivors.push(format!("{end:?}: {process:?} {:?} still runs", process.cmdline()));
+                process.kill();
             }
         }
     }
+    // The SIGKILL case left its namespaces: any run removes them.
+    env.run().output(&["true"]).await.expect_code(0);
     assert!(survivors.is_empty(), "{}", survivors.join("\n"));
 }

@@ -10,7 +10,7 @@ use crate::support::{
 #[ignore = "needs root and nftables: run with make test"]
 async fn two_runs_at_once_work_and_keep_to_themselves() {
     let env = Env::new().await;
-    // The data dir exists already (first runs at once race for the CA: see the test below).
+    // The data dir exists already (first runs at once on a fresh one: see the test below).
     env.run().output(&["true"]).await.expect_code(0);
     let go = env.path("go");
     // Each run allows only its own name, waits until both are up, then talks to its name and tries the
@@ -95,9 +95,7 @@ async fn public_key(args: &[&str], path: &std::path::Path) -> String {
 
 // covers: E14 (the CA is generated on first start) E1 (runs are independent)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: first runs at once on a fresh --data-dir race to create <data-dir>/egress/ca.{crt,key} \
-            (egress ca.rs load_or_create: no lock, one ca.tmp for both files): runs fail with exit 125 and the \
-            data dir can stay broken (ca.crt holding the key)"]
+#[ignore = "needs root and nftables: run with make test"]
 async fn first_runs_at_once_on_a_fresh_data_dir_all_start() {
     let env = Env::new().await;
     let mut failures = Vec::new();

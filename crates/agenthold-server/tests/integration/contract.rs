@@ -1,6 +1,7 @@
 //! The `agenthold run` contract (issue 3, item 7): every flag is accepted, no `--allow` means the open
 //! policy, the command's exit code comes back, bad input fails clearly, and `--log` writes JSON lines with
-//! exactly the contract's field names.
+//! the contract's field names, exactly as written, plus only documented additions (the contract may be
+//! added to: `secret`, the name of an injected secret, issue 4 item 6c).
 
 use std::collections::BTreeSet;
 
@@ -259,15 +260,143 @@ async fn log_is_json_lines_with_the_contract_fields() {
     );
 }
 
-// covers: E16 (exactly the field names of the contract)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: --log lines carry a 14th field, `secret` (LogEntry::secret), that the contract does not list"]
-async fn log_has_exactly_the_contract_fields() {
-    let env = Env::new().await;
-    let log = mixed_traffic_log(&env).await;
-    let contract: BTreeSet<&str> = CONTRACT_FIELDS.into_iter().collect();
-    for entry in &log {
-        let fields: BTreeSet<&str> = entry.as_object().unwrap().keys().map(String::as_str).collect();
-        assert_eq!(fields, contract, "{entry}");
+/// The type a log field must have.
+#[derive(Debug, Clone, Copy)]
+enum Type {
+    /// A non-empty string.
+    Text,
+    /// A string or null.
+    OptText,
+    /// A port or status number (u16) or null.
+    OptU16,
+    /// A count of bytes.
+    Count,
+    /// `true` or `false`.
+    Bool,
+    /// One of these strings.
+    OneOf(&'static [&'static str]),
+    /// An RFC 3339 time in UTC (`…T…Z`).
+    Time,
+}
+
+impl Type {
+    fn accepts(self, value: &serde_json::Value) -> bool {
+        let u16_or_null =
+            |v: &serde_json::Value| v.is_null() || v.as_u64().is_some_and(|n| n <= u64::from(u16::MAX));
+        match self {
+            Self::Text => value.as_str().is_some_and(|s| !s.is_empty()),
+            Self::OptText => value.is_null() || value.is_string(),
+            Self::OptU16 => u16_or_null(value),
+            Self::Count => value.is_u64(),
+            Self::Bool => value.is_boolean(),
+            Self::OneOf(allowed) => value.as_str().is_some_and(|s| allowed.contains(&s)),
+            Self::Time => value.as_str().is_some_and(|t| {
+                t.len() >= 20 && t.as_bytes()[4] == b'-' && t.as_bytes()[10] == b'T' && t.ends_with('Z')
+            }),
+        }
     }
+}
+
+/// The contract's 13 fields (issue 3, items 6 and 7) with their types.
+const CONTRACT_TYPES: [(&str, Type); 13] = [
+    ("time", Type::Time),
+    ("agent", Type::Text),
+    ("kind", Type::OneOf(&["dns", "tcp", "tls", "http", "connect"])),
+    ("host", Type::OptText),
+    ("port", Type::OptU16),
+    ("method", Type::OptText),
+    ("path", Type::OptText),
+    ("status", Type::OptU16),
+    ("decision", Type::OneOf(&["allowed", "denied"])),
+    ("reason", Type::OptText),
+    ("secret_injected", Type::Bool),
+    ("bytes_up", Type::Count),
+    ("bytes_down", Type::Count),
+];
+
+/// Fields beyond the contract, each documented: `secret` is the name of the injected secret, never its
+/// value (docs/secrets.md, issue 4 item 6c).
+const DOCUMENTED_EXTRAS: [(&str, Type); 1] = [("secret", Type::OptText)];
+
+/// Panics unless `entry` has every contract field with its type and nothing undocumented beyond them.
+#[track_caller]
+fn assert_contract_entry(entry: &serde_json::Value) {
+    let object = entry.as_object().expect("every line is a JSON object");
+    for (field, ty) in CONTRACT_TYPES.iter().chain(&DOCUMENTED_EXTRAS) {
+        let is_extra = DOCUMENTED_EXTRAS.iter().any(|(f, _)| f == field);
+        match object.get(*field) {
+            Some(value) => assert!(ty.accepts(value), "{field:?} should be {ty:?}: {entry}"),
+            None => assert!(is_extra, "missing contract field {field:?} in {entry}"),
+        }
+    }
+    let undocumented: Vec<&String> = object
+        .keys()
+        .filter(|k| {
+            !CONTRACT_TYPES
+                .iter()
+                .chain(&DOCUMENTED_EXTRAS)
+                .any(|(f, _)| f == k)
+        })
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "undocumented fields {undocumented:?} in {entry}"
+    );
+    // A secret's name only where one was injected.
+    if !entry["secret"].is_null() {
+        assert_eq!(
+            entry["secret_injected"], true,
+            "a secret named without an injection: {entry}"
+        );
+    }
+}
+
+// covers: E16 (the contract's 13 fields, exactly as written, with their types; extras only documented ones)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root and nftables: run with make test"]
+async fn log_has_the_contract_fields_and_only_documented_extras() {
+    let env = Env::new().await;
+    // Contract fields are exact names: a near miss must not pass for one.
+    assert_eq!(
+        CONTRACT_TYPES.map(|(f, _)| f),
+        CONTRACT_FIELDS,
+        "the typed list is the contract's"
+    );
+    let log = mixed_traffic_log(&env).await;
+    assert!(!log.is_empty());
+    for entry in &log {
+        assert_contract_entry(entry);
+    }
+    // A run that injects a secret: `secret` then carries its name (never the value).
+    let value = "contract-secret-value-4bd1e7";
+    let secrets = env.path("secrets.yaml");
+    std::fs::write(
+        &secrets,
+        format!(
+            "- name: api-token\n  value: {value}\n  hosts: [{API}]\n  header: Authorization\n  \
+             template: \"Bearer {{{{.Value}}}}\"\n"
+        ),
+    )
+    .unwrap();
+    let file = env.path("secret-log.jsonl");
+    let out = env
+        .run()
+        .allow(API)
+        .log(&file)
+        .extra_flag("--secrets", &secrets)
+        .sh(&format!("curl -sS -m 10 --noproxy '*' https://{API}/with-secret"))
+        .await;
+    out.expect_code(0);
+    assert!(out.stdout.contains("upstream-ok"), "{out:#?}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(!text.contains(value), "the secret's value is in the log:\n{text}");
+    let log = read_log(&file);
+    for entry in &log {
+        assert_contract_entry(entry);
+    }
+    assert!(
+        log.iter()
+            .any(|e| e["secret_injected"] == true && e["secret"] == "api-token"),
+        "no entry names the injected secret: {log:#?}"
+    );
 }

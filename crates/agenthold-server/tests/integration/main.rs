@@ -17,6 +17,7 @@
 mod cleanup;
 mod concurrency;
 mod contract;
+mod intercept;
 mod jail;
 mod support;
 mod traffic;

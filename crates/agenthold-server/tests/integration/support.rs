@@ -59,6 +59,8 @@ pub(crate) struct Env {
     pub(crate) ca: PathBuf,
     _shared: Option<RwLockReadGuard<'static, ()>>,
     _exclusive: Option<RwLockWriteGuard<'static, ()>>,
+    /// The same, across processes (another copy of this binary): see [`RunsFileLock`].
+    _across_processes: RunsFileLock,
 }
 
 impl Env {
@@ -81,6 +83,7 @@ impl Env {
         exclusive: Option<RwLockWriteGuard<'static, ()>>,
     ) -> Self {
         agenthold_testsupport::init_tracing();
+        let across_processes = RunsFileLock::acquire(exclusive.is_some()).await;
         let dir = tempfile::Builder::new()
             .prefix("agenthold-it-")
             .tempdir()
@@ -101,6 +104,7 @@ impl Env {
             ca: ca_path,
             _shared: shared,
             _exclusive: exclusive,
+            _across_processes: across_processes,
         }
     }
 
@@ -474,9 +478,10 @@ impl HostSnapshot {
 
     /// Panics unless run `pid` (tag `tag`) left nothing behind: no `ahr-<pid>-*` namespace, no host link
     /// of its veth pair (nor any `ahg*`/`ahs*` link: they never belong on the host), and no nftables
-    /// table on the host that was not there before and looks like agenthold's. Other test suites on
-    /// this machine may add links and tables of their own meanwhile, so only agenthold's names are
-    /// compared strictly; the counts are in the message.
+    /// table on the host that was not there before and looks like the run's (`agenthold`, the gateway's
+    /// table, which belongs in the gateway namespace). Other test suites on this machine may add links
+    /// and tables of their own meanwhile (the Docker runtime's `agenthold_host` among them), so only the
+    /// run's names are compared strictly; the counts are in the message.
     #[track_caller]
     pub(crate) fn assert_left_nothing(&self, pid: u32, tag: Option<&str>) {
         let namespaces = namespaces_of(pid);
@@ -506,7 +511,11 @@ impl HostSnapshot {
         let new_tables: Vec<_> = after.nft_tables.difference(&self.nft_tables).collect();
         let ours: Vec<_> = new_tables
             .iter()
-            .filter(|t| t.contains("agenthold") || t.contains("ahr"))
+            .filter(|t| {
+                t.split_whitespace().last() == Some(RUN_TABLE)
+                    || t.contains("ahr")
+                    || tag.is_some_and(|g| t.contains(g))
+            })
             .collect();
         assert!(
             ours.is_empty(),
@@ -514,5 +523,209 @@ impl HostSnapshot {
             self.nft_tables.len(),
             after.nft_tables.len()
         );
+    }
+}
+
+// The command runs in its own PID namespace: the pids it sees (`$$`, `$!`) mean nothing on the host. The
+// helpers below find the host's view of the jail's processes through the host's /proc: the jail is the
+// PID namespace of those descendants of `agenthold run` that are not in agenthold's own, and a process's
+// pid inside it is the last number of the `NSpid:` line of its /proc/PID/status.
+
+/// A process as the host sees it: its pid in the host's PID namespace and its start time, so that a pid
+/// reused by another process is never mistaken for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HostProcess {
+    /// The pid in the host's PID namespace.
+    pub(crate) pid: i32,
+    /// Start time in clock ticks after boot (field 22 of /proc/PID/stat).
+    start: u64,
+}
+
+/// State, parent pid and start time of host process `pid`, from /proc/PID/stat.
+fn proc_stat(pid: i32) -> Option<(char, i32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) STATE PPID …`: comm may contain spaces and parentheses, the rest follows the last ')'.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let ppid = fields.get(1)?.parse().ok()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((state, ppid, start))
+}
+
+impl HostProcess {
+    /// Host process `pid` as it is now, if it exists.
+    pub(crate) fn of(pid: i32) -> Option<Self> {
+        proc_stat(pid).map(|(_, _, start)| Self { pid, start })
+    }
+
+    /// Whether it still runs: same pid, same start time, not a zombie.
+    pub(crate) fn alive(&self) -> bool {
+        proc_stat(self.pid).is_some_and(|(_, _, start)| start == self.start) && process_alive(self.pid)
+    }
+
+    /// Waits (at most `within`) until it no longer runs; returns whether it is gone.
+    pub(crate) async fn wait_gone(&self, within: Duration) -> bool {
+        // A reused pid keeps `wait_gone` waiting: then the start time tells.
+        wait_gone(self.pid, within).await || !self.alive()
+    }
+
+    /// Its command line (empty once it is gone).
+    pub(crate) fn cmdline(&self) -> Vec<String> {
+        let raw = std::fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();
+        if !self.alive() {
+            return Vec::new();
+        }
+        raw.split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect()
+    }
+
+    /// SIGKILL, only if it is still this process (cleanup after a failed check).
+    pub(crate) fn kill(&self) {
+        if self.alive() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Every pid in the host's /proc.
+fn host_pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The PID namespace of host process `pid` (`pid:[INODE]`).
+pub(crate) fn pid_namespace(pid: i32) -> Option<String> {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
+    Some(link.to_string_lossy().into_owned())
+}
+
+/// The PID namespace of the jail of the `agenthold run` whose pid is `agenthold`, once its init runs.
+pub(crate) fn jail_pid_namespace(agenthold: u32) -> Option<String> {
+    let agenthold = i32::try_from(agenthold).ok()?;
+    let own = pid_namespace(agenthold)?;
+    let parents: Vec<(i32, i32)> = host_pids()
+        .into_iter()
+        .filter_map(|pid| Some((pid, proc_stat(pid)?.1)))
+        .collect();
+    let mut generation = vec![agenthold];
+    while !generation.is_empty() {
+        let children: Vec<i32> = parents
+            .iter()
+            .filter(|(_, ppid)| generation.contains(ppid))
+            .map(|(pid, _)| *pid)
+            .collect();
+        for child in &children {
+            if let Some(ns) = pid_namespace(*child).filter(|ns| *ns != own) {
+                return Some(ns);
+            }
+        }
+        generation = children;
+    }
+    None
+}
+
+/// Every process in PID namespace `ns` now, with its pid inside the namespace.
+pub(crate) fn processes_in_pid_namespace(ns: &str) -> Vec<(i32, HostProcess)> {
+    host_pids()
+        .into_iter()
+        .filter(|pid| pid_namespace(*pid).as_deref() == Some(ns))
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let inner = status_field(&status, "NSpid")?
+                .split_whitespace()
+                .last()?
+                .parse()
+                .ok()?;
+            Some((inner, HostProcess::of(pid)?))
+        })
+        .collect()
+}
+
+/// The host's view of the process whose pid is `ns_pid` inside the jail of the `agenthold run` whose pid
+/// is `agenthold`; waits (at most 10 s) for it to appear.
+pub(crate) async fn jail_process(agenthold: u32, ns_pid: i32) -> HostProcess {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = jail_pid_namespace(agenthold).and_then(|ns| {
+            processes_in_pid_namespace(&ns)
+                .into_iter()
+                .find_map(|(inner, process)| (inner == ns_pid).then_some(process))
+        });
+        if let Some(process) = found {
+            return process;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no process {ns_pid} in the jail of agenthold {agenthold} within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// [`jail_process`] for the pid the command wrote (as the first word) into `path`.
+pub(crate) async fn jail_process_from_file(agenthold: u32, path: &Path) -> HostProcess {
+    jail_process(agenthold, read_pid(path).await).await
+}
+
+impl Run<'_> {
+    /// `FLAG VALUE`, for flags without a builder of their own (e.g. `--secrets FILE`).
+    pub(crate) fn extra_flag(mut self, flag: &str, value: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.flags.push(flag.into());
+        self.flags.push(value.as_ref().to_owned());
+        self
+    }
+
+    /// [`Run::output`] with agenthold (and so the command) started in working directory `dir`.
+    pub(crate) async fn output_in(&self, dir: &Path, command: &[&str]) -> Outcome {
+        let mut cmd = self.command(command);
+        cmd.current_dir(dir);
+        finish(cmd.spawn().expect("start agenthold")).await
+    }
+}
+
+/// The nftables table `agenthold run` puts in its gateway namespace (agenthold-egress `nft::TABLE`).
+const RUN_TABLE: &str = "agenthold";
+
+/// [`RUNS`] across processes: an flock on a file in /tmp, shared by every test while its runs are alive,
+/// exclusive for the test that must see stale namespaces survive. Two copies of this binary at once (or
+/// another engineer's run of it) would otherwise remove each other's stale namespaces. Released when
+/// dropped (the file is closed).
+pub(crate) struct RunsFileLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl RunsFileLock {
+    const PATH: &str = "/tmp/agenthold-server-integration.lock";
+
+    async fn acquire(exclusive: bool) -> Self {
+        tokio::task::spawn_blocking(move || {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(Self::PATH)
+                .unwrap_or_else(|e| panic!("open {}: {e}", Self::PATH));
+            let how = if exclusive {
+                nix::fcntl::FlockArg::LockExclusive
+            } else {
+                nix::fcntl::FlockArg::LockShared
+            };
+            let lock = nix::fcntl::Flock::lock(file, how)
+                .unwrap_or_else(|(_, e)| panic!("lock {}: {e}", Self::PATH));
+            Self { _lock: lock }
+        })
+        .await
+        .expect("lock task")
     }
 }
