@@ -741,6 +741,11 @@ fn writable_submounts() -> Vec<String> {
         .filter_map(|l| l.split(' ').nth(4))
         // Skip escaped names (spaces…): the probes are shell words.
         .filter(|p| !p.contains('\\'))
+        // Skip the mounts of containers other tests start and remove meanwhile: they may be gone by the
+        // time the control runs (the jail makes them read-only like the rest).
+        .filter(|p| {
+            !p.contains("/overlay2/") && !p.contains("/docker/containers/") && !p.contains("/docker/netns/")
+        })
         .filter(|p| {
             roots
                 .iter()
@@ -756,10 +761,7 @@ fn writable_submounts() -> Vec<String> {
 
 // covers: issue 3 item 7 (read-only system directories: everything mounted below them too)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: only the top mount of each read-only directory is made read-only (MS_REMOUNT|MS_RDONLY is \
-            not recursive): mounts below them stay writable for the capability-less root command, e.g. \
-            /var/lib/docker (image layers, volumes) and /sys/fs/cgroup/* (cgroup limits; the command can move \
-            itself out of its memory cgroup)"]
+#[ignore = "needs root and nftables: run with make test"]
 async fn read_only_directories_cover_what_is_mounted_below_them() {
     let env = Env::new().await;
     let points = writable_submounts();
@@ -1110,10 +1112,7 @@ async fn working_directory_and_tmp_stay_writable() {
 
 // covers: issue 3 item 7 (the working directory stays writable, also below a read-only directory)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "BUG: a working directory below a read-only directory (/root/project, /var/lib/x, /opt/x) is read-only \
-            by its path: jail.rs binds it over itself after the read-only remount, and a bind mount copies the \
-            read-only flag; only paths relative to the inherited working directory (which still points at the \
-            mount below) can be written, `cd $PWD` or absolute paths fail with EROFS"]
+#[ignore = "needs root and nftables: run with make test"]
 async fn working_directory_below_a_read_only_directory_stays_writable() {
     let env = Env::new().await;
     let cwd = tempfile::Builder::new()

@@ -31,47 +31,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context, Result, bail};
+
+mod fs;
+
+use fs::{PROC_READ_ONLY, READ_ONLY, bind_read_only, hide, hide_run, minimal_dev, read_only_dir};
 use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, setns, unshare};
 use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{Gid, Pid, Uid, setgid, setgroups, setuid};
 
-/// System directories the command gets read-only: a capability-less root still owns them, and files
-/// planted there (a cron job, `/etc/ld.so.preload`, a shell profile) would run with full privileges
-/// later. `/tmp`, `/var/tmp`, `/home` and the working directory stay writable.
-const READ_ONLY: &[&str] = &[
-    "/etc",
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/libx32",
-    "/boot",
-    "/root",
-    "/opt",
-    "/srv",
-    "/var/lib",
-    "/var/spool",
-    "/var/cache",
-    "/var/log",
-    "/var/mail",
-    "/var/opt",
-    "/var/backups",
-    "/var/local",
-    "/sys",
-];
-/// Kernel interfaces under the jail's own /proc made read-only: a capability-less root may still write
-/// many of them (`kernel.core_pattern` would run a program as full root on the next crash).
-const PROC_READ_ONLY: &[&str] = &[
-    "/proc/sys",
-    "/proc/sysrq-trigger",
-    "/proc/irq",
-    "/proc/bus",
-    "/proc/fs",
-];
 /// Where the CA bundle is inside the jail (on its private `/run`, readable by any user).
 pub(crate) const JAIL_CA_BUNDLE: &str = "/run/agenthold/ca-bundle.pem";
 
@@ -166,6 +135,7 @@ pub(crate) fn stage_one(args: &JailArgs) -> Result<i32> {
         std::fs::canonicalize("/etc/resolv.conf").unwrap_or_else(|_| "/etc/resolv.conf".into());
     let system_bundle = std::fs::canonicalize(crate::run::SYSTEM_BUNDLE).ok();
     hide_run()?;
+    minimal_dev()?;
     bind_read_only(&args.resolv, &resolv_target)?;
     if let Some(bundle) = &args.ca_bundle {
         std::fs::create_dir_all("/run/agenthold").context("create /run/agenthold")?;
@@ -223,9 +193,11 @@ pub(crate) fn stage_two(args: &JailArgs) -> Result<i32> {
         None::<&str>,
     )
     .context("mount /proc for the jail")?;
-    for path in PROC_READ_ONLY {
-        if Path::new(path).exists() {
-            bind_read_only(Path::new(path), Path::new(path))?;
+    for path in PROC_READ_ONLY.iter().map(Path::new) {
+        if path.is_dir() {
+            read_only_dir(path, None)?;
+        } else if path.exists() {
+            bind_read_only(path, path)?;
         }
     }
     if let Some(gid) = args.gid {
@@ -289,96 +261,6 @@ fn spawn_unmasked(argv: &[OsString]) -> std::result::Result<Pid, nix::errno::Err
     attr.set_sigdefault(&defaults)?;
     attr.set_flags(PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF)?;
     posix_spawnp(program, &PosixSpawnFileActions::init()?, &attr, &args, &env)
-}
-
-/// Make `path` unreadable for the command: an empty tmpfs over a directory, an empty file over a file.
-fn hide(path: &Path) -> Result<()> {
-    let Ok(meta) = std::fs::metadata(path) else {
-        return Ok(());
-    };
-    if meta.is_dir() {
-        mount(
-            Some("tmpfs"),
-            path,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some("mode=0755,size=64k"),
-        )
-        .with_context(|| format!("hide {}", path.display()))
-    } else {
-        let empty = Path::new("/run/agenthold/empty");
-        std::fs::create_dir_all("/run/agenthold").context("create /run/agenthold")?;
-        std::fs::write(empty, b"").context("create an empty file")?;
-        bind_read_only(empty, path)
-    }
-}
-
-/// Bind `dir` read-only over itself (with what is mounted below it), unless it is a symlink (merged /usr:
-/// its target is handled on its own) or missing. When the working directory lies below it, the working
-/// directory is bound back writable on top.
-fn read_only_dir(dir: &Path, cwd: Option<&Path>) -> Result<()> {
-    let Ok(meta) = std::fs::symlink_metadata(dir) else {
-        return Ok(());
-    };
-    if !meta.is_dir() {
-        return Ok(());
-    }
-    mount(
-        Some(dir),
-        dir,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .with_context(|| format!("bind {}", dir.display()))?;
-    mount(
-        None::<&str>,
-        dir,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-        None::<&str>,
-    )
-    .with_context(|| format!("make {} read-only", dir.display()))?;
-    if let Some(cwd) = cwd.filter(|c| c.starts_with(dir) && *c != dir) {
-        mount(Some(cwd), cwd, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-            .with_context(|| format!("keep {} writable", cwd.display()))?;
-    }
-    Ok(())
-}
-
-/// Mount an empty tmpfs over /run so that host daemons' Unix sockets (docker, containerd, dbus, systemd)
-/// are out of reach.
-fn hide_run() -> Result<()> {
-    mount(
-        Some("tmpfs"),
-        "/run",
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=0755,size=16m"),
-    )
-    .context("mount a tmpfs over /run")
-}
-
-/// Put `source` at `target` read-only (the gateway's resolv.conf at the real path behind /etc/resolv.conf,
-/// which may be a symlink into /run; the CA bundle over the system trust store).
-fn bind_read_only(source: &Path, target: &Path) -> Result<()> {
-    if !target.exists() {
-        // The target lived under the /run we just hid: recreate its path on the new tmpfs.
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
-        }
-        std::fs::write(target, b"").with_context(|| format!("create {}", target.display()))?;
-    }
-    mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-        .with_context(|| format!("bind {} over {}", source.display(), target.display()))?;
-    mount(
-        None::<&str>,
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-        None::<&str>,
-    )
-    .with_context(|| format!("make {} read-only", target.display()))
 }
 
 /// Empty the bounding, ambient and inheritable sets, so no later exec can gain a capability. Done while
