@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ADVISORY_DB ?= ../shared/advisory-db
 
-.PHONY: dev test deps lint audit unit fuzz
+.PHONY: dev test deps lint audit unit python fuzz
 
 ## dev: run the quickstart on the embedded default: a Runtime, one sandbox with an allowlist and a secret,
 ## a command against a local upstream, and the request log. Builds the dev image once (about a minute).
@@ -12,7 +12,7 @@ dev: deps
 	$(CARGO) run -q -p agenthold-examples --bin quickstart
 
 ## test: everything CI checks. Installs and starts what the tests need (Docker engine, nftables, …).
-test: deps lint audit unit
+test: deps lint audit unit python
 
 deps:
 	./scripts/ensure-deps.sh
@@ -32,6 +32,25 @@ audit:
 unit:
 	$(CARGO) test --workspace -- --include-ignored
 	$(CARGO) test -p agenthold-core --features sled -- --include-ignored
+
+## python: build the Python wheel (maturin, one abi3 wheel for CPython >= 3.9), install it into a fresh venv
+## and run the pytest suite against real Docker. pytest's "no tests collected" (exit 5) fails the target.
+## `make python MATURIN_FLAGS=` builds a debug wheel (much faster on a fresh target directory).
+PYTHON ?= python3
+MATURIN_VERSION ?= 1.16.0
+PYTEST_VERSION ?= 9.2.0
+MATURIN_FLAGS ?= --release
+PY_DIR := target/python
+python: deps
+	$(CARGO) run -q -p agenthold-server -- image build-dev
+	test -x $(PY_DIR)/tools/bin/maturin || { rm -rf $(PY_DIR)/tools && $(PYTHON) -m venv $(PY_DIR)/tools && \
+	  $(PY_DIR)/tools/bin/pip install -q maturin==$(MATURIN_VERSION); }
+	rm -rf $(PY_DIR)/wheels $(PY_DIR)/venv
+	$(PY_DIR)/tools/bin/maturin build $(MATURIN_FLAGS) -m bindings/python/Cargo.toml -o $(PY_DIR)/wheels
+	$(PYTHON) -m venv $(PY_DIR)/venv
+	$(PY_DIR)/venv/bin/pip install -q pytest==$(PYTEST_VERSION) $(PY_DIR)/wheels/agenthold-*.whl
+	$(PY_DIR)/venv/bin/python -m pytest -p no:cacheprovider bindings/python/tests; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "make python: pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 ## fuzz: run every fuzz target for FUZZ_SECONDS each (nightly toolchain, cargo-fuzz).
 FUZZ_SECONDS ?= 60

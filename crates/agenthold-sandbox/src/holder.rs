@@ -135,6 +135,11 @@ impl Holder {
                 net.name
             ),
         })?;
+        // Docker gives the holder a default route via the network's gateway, which is the holder itself
+        // once `.2` is added below; on the next join Docker cannot find that route to replace it (the
+        // lookup resolves to `lo`) and fails with "file exists". The gateway namespace never routes
+        // anything anywhere, so it keeps no default route at all.
+        while ns.ip(&["route", "del", "default"]).is_ok() {}
         let gateway = net.gateway_addr();
         if find_iface(&ns, gateway)?.is_none() {
             ns.ip(&["addr", "add", &format!("{gateway}/24"), "dev", &iface])?;
