@@ -1,0 +1,24 @@
+//! Benchmarks of agenthold against direct connections, measured side by side in one run
+//! (ARCHITECTURE §5). Never shipped.
+//!
+//! The library holds what every bench target shares; the targets under `benches/` are plain binaries
+//! (`harness = false`) that print a table and write JSON next to it:
+//!
+//! - [`setup`]: the namespaces, nftables rules, gateway and upstreams, built like the integration tests.
+//! - [`upstream`]: lean HTTP/1.1 (plain and TLS) and DNS servers answering on every route.
+//! - [`load`]: load generators in Rust (new TLS connections, keep-alive HTTP, DNS), run inside a namespace.
+//! - [`tools`]: the reference tools, `curl` and `wrk`, run inside a namespace.
+//! - [`cpu`]: CPU time per named thread group (gateway, upstream) over a run.
+//! - [`proxy`]: reference forwarders (userspace copy, splice(2)) for the splice experiment.
+//! - [`report`]: medians, ratios, the table and the JSON.
+//!
+//! See `docs/benchmarks.md` for what each number means and the latest results.
+#![forbid(unsafe_code)]
+
+pub mod cpu;
+pub mod load;
+pub mod proxy;
+pub mod report;
+pub mod setup;
+pub mod tools;
+pub mod upstream;
