@@ -18,6 +18,7 @@ want debootstrap debootstrap
 want unshare util-linux
 want dnsmasq dnsmasq-base
 want node nodejs
+want runsc runsc
 want tar tar
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

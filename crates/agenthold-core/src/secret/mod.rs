@@ -412,10 +412,28 @@ impl SecretSpec {
         env: Option<&str>,
         rules: Vec<SecretRule>,
     ) -> Result<Self, Error> {
-        let fail = |problem: String| Error::Secret {
+        let spec = Self {
             name: name.to_owned(),
+            value,
+            env: env.map(str::to_owned),
+            rules,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Check the rules [`SecretSpec::new`] enforces (the fields are public, so a spec built field by field
+    /// is checked again where it is used).
+    ///
+    /// # Errors
+    /// [`Error::Secret`] for a bad name or environment variable name, no rules, or a value that cannot be
+    /// sent in an HTTP header.
+    pub fn validate(&self) -> Result<(), Error> {
+        let fail = |problem: String| Error::Secret {
+            name: self.name.clone(),
             problem,
         };
+        let name = self.name.as_str();
         if name.is_empty()
             || name.len() > 64
             || !name
@@ -426,27 +444,22 @@ impl SecretSpec {
                 "names are 1-64 characters of letters, digits, '_', '-' and '.'".into(),
             ));
         }
-        if let Some(env) = env
+        if let Some(env) = &self.env
             && (env.is_empty()
                 || env.as_bytes()[0].is_ascii_digit()
                 || !env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
         {
             return Err(fail(format!("{env:?} is not a valid environment variable name")));
         }
-        if rules.is_empty() {
+        if self.rules.is_empty() {
             return Err(fail("a secret needs at least one rule".into()));
         }
-        if let Some(problem) = header_value_problem(value.expose()) {
+        if let Some(problem) = header_value_problem(self.value.expose()) {
             return Err(fail(format!(
                 "the value {problem}; it must be usable in an HTTP header"
             )));
         }
-        Ok(Self {
-            name: name.to_owned(),
-            value,
-            env: env.map(str::to_owned),
-            rules,
-        })
+        Ok(())
     }
 
     /// A secret with a preset's rules.

@@ -37,6 +37,23 @@ const CA_ENV: [&str; 5] = [
     "AWS_CA_BUNDLE",
 ];
 
+/// Environment variables the datapath sets in every sandbox; a spec may not set them (it may set
+/// `NO_PROXY`).
+pub const DATAPATH_ENV: &[&str] = &[
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "https_proxy",
+    "http_proxy",
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+    "AWS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "AGENTHOLD_AGENT",
+    "AGENTHOLD_TUNNEL",
+];
+
 /// Names of an agent's engine objects.
 pub(crate) fn container_name(agent: &AgentId) -> String {
     format!("agenthold-{agent}")

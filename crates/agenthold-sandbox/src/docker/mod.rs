@@ -25,6 +25,7 @@ use bollard::query_parameters::{
 use futures_util::TryStreamExt;
 use ipnet::Ipv4Net;
 
+pub use container::DATAPATH_ENV;
 pub use exec::{Chunk, ExecHandle, MAX_CAPTURE};
 pub use reconcile::ReconcileReport;
 

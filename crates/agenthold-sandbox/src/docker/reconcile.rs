@@ -89,19 +89,16 @@ impl DockerSandbox {
             return Ok(());
         }
         tracing::warn!("the gateway container was restarted or stopped; restoring the datapath");
-        topo.forget_holder();
-        for agent in topo.agents() {
-            if let Some(net) = topo.network(&agent) {
-                topo.attach(
-                    &self.engine,
-                    &self.gateway,
-                    &self.tunnel,
-                    &self.config,
-                    &agent,
-                    net,
-                )
-                .await?;
-            }
+        for (agent, net) in topo.take_all() {
+            topo.attach(
+                &self.engine,
+                &self.gateway,
+                &self.tunnel,
+                &self.config,
+                &agent,
+                net,
+            )
+            .await?;
         }
         Ok(())
     }

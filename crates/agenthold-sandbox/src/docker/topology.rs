@@ -108,8 +108,8 @@ impl Topology {
             // Already served by the running holder: rebinding would collide with the live listeners.
             return Ok(());
         }
-        hostfw::allow_bridge(&net.bridge)?;
-        self.sync_host_firewall_with(Some(&net))?;
+        hostfw::allow_bridge(&net)?;
+        self.sync_host_firewall_with(engine, Some(&net))?;
         let holder = self.holder(engine, config).await?;
         let iface = holder.join(engine, &net).await?;
         if let Some(old) = self.agents.remove(agent) {
@@ -150,14 +150,14 @@ impl Topology {
             // Not found yet in this process: look for a running one without creating it.
             None => match Holder::find(engine).await? {
                 Some(h) => h,
-                None => return self.sync_host_firewall_with(None),
+                None => return self.sync_host_firewall_with(engine, None),
             },
         };
         if holder.is_current(engine).await? {
             self.apply_rules(&holder, config).await?;
         }
         holder.leave(engine, net).await?;
-        self.sync_host_firewall_with(None)?;
+        self.sync_host_firewall_with(engine, None)?;
         if self.agents.is_empty() {
             let options = bollard::query_parameters::RemoveContainerOptions {
                 force: true,
@@ -178,14 +178,14 @@ impl Topology {
         Ok(())
     }
 
-    fn sync_host_firewall_with(&self, extra: Option<&AgentNetwork>) -> Result<()> {
+    fn sync_host_firewall_with(&self, engine: &Engine, extra: Option<&AgentNetwork>) -> Result<()> {
         let mut bridges: Vec<String> = self.agents.values().map(|a| a.net.bridge.clone()).collect();
         if let Some(net) = extra
             && !bridges.contains(&net.bridge)
         {
             bridges.push(net.bridge.clone());
         }
-        hostfw::apply_host_table(&bridges)
+        hostfw::apply_host_table(engine.instance(), &bridges)
     }
 
     async fn apply_rules(&self, holder: &Holder, config: &DockerConfig) -> Result<()> {
@@ -214,10 +214,18 @@ impl Topology {
         }
     }
 
-    /// Drop the recorded holder (it was replaced): the next attach finds or starts the current one and
-    /// rebinds every listener in its namespace.
-    pub(crate) fn forget_holder(&mut self) {
+    /// Forget the holder (it was replaced) and every attachment, handing back what was attached: the caller
+    /// attaches each again, which finds or starts the current holder and rebinds every listener in its
+    /// namespace.
+    pub(crate) fn take_all(&mut self) -> Vec<(AgentId, AgentNetwork)> {
         self.holder = None;
+        std::mem::take(&mut self.agents)
+            .into_iter()
+            .map(|(agent, a)| {
+                a.cancel.cancel();
+                (agent, a.net)
+            })
+            .collect()
     }
 
     /// Agents currently attached.

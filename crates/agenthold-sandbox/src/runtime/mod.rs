@@ -105,6 +105,7 @@ impl Runtime {
         agent: &AgentId,
         mut spec: SandboxSpec,
     ) -> Result<SandboxInfo> {
+        validate(&spec)?;
         if records::RECORDS.load(self.store.as_ref(), agent).await?.is_some() {
             return Err(Error::BadInput {
                 problem: format!("sandbox {agent} already exists"),
@@ -305,6 +306,45 @@ impl Runtime {
     pub fn secrets(&self) -> Option<&Arc<SecretTable>> {
         self.secrets.as_ref()
     }
+}
+
+/// Check what a spec brings in from the caller: secrets as [`agenthold_core::secret::SecretSpec::new`]
+/// would, no two secrets with one name or one environment variable, and no environment variable the
+/// datapath sets itself (proxies, CA bundle, tunnel).
+fn validate(spec: &SandboxSpec) -> Result<()> {
+    let mut names = std::collections::HashSet::new();
+    let mut vars = std::collections::HashSet::new();
+    for secret in &spec.secrets {
+        secret.validate()?;
+        if !names.insert(secret.name.as_str()) {
+            return Err(Error::BadInput {
+                problem: format!("two secrets are named {:?}", secret.name),
+            });
+        }
+        if let Some(env) = &secret.env
+            && !vars.insert(env.as_str())
+        {
+            return Err(Error::BadInput {
+                problem: format!("two secrets set the environment variable {env}"),
+            });
+        }
+    }
+    let taken = spec.env.keys().map(String::as_str).chain(vars.iter().copied());
+    for var in taken {
+        if crate::docker::DATAPATH_ENV.contains(&var) {
+            return Err(Error::BadInput {
+                problem: format!(
+                    "{var} is set by agenthold's datapath in every sandbox; choose another name"
+                ),
+            });
+        }
+    }
+    if let Some(var) = spec.env.keys().find(|k| vars.contains(k.as_str())) {
+        return Err(Error::BadInput {
+            problem: format!("{var} is set both in env and by a secret"),
+        });
+    }
+    Ok(())
 }
 
 impl Drop for Runtime {

@@ -5,5 +5,14 @@
 //! directory, hence its own gateway holder; everything a test creates is removed, also when it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs, unreachable_pub)]
 
-mod explore;
+mod attacks;
+mod egress;
+mod engine;
+mod gateway;
+mod gvisor;
+mod leaks;
+mod lifecycle;
+mod probe;
+mod reconcile;
+mod regressions;
 mod support;

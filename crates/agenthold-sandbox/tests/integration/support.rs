@@ -7,11 +7,10 @@
 //! than as a connection failure. `www.allowed.test` resolves through the test DNS server (to a documentation
 //! address nothing ever dials).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr};
 use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,23 +22,25 @@ use agenthold_sandbox::Runtime;
 use agenthold_sandbox::image::{DevImageOptions, ImageRef, ensure_dev_image};
 use agenthold_testsupport::{EchoServer, TestCa, TestDns};
 use bollard::Docker;
-use bollard::query_parameters::{
-    InspectContainerOptions, ListContainersOptions, ListNetworksOptions, ListVolumesOptions,
-    RemoveContainerOptions, RemoveVolumeOptions,
-};
 use futures_util::FutureExt;
 use sha2::Digest;
+
+pub use crate::engine::{container, engine_objects, network, sweep};
 
 /// On the allowlist, served by [`Upstreams::https`] and [`Upstreams::http`].
 pub const ALLOWED: &str = "allowed.test";
 /// Not on the allowlist; mapped to canaries that must never see a request.
 pub const DENIED: &str = "denied.test";
-/// On the allowlist through `*.allowed.test`, resolved by the test DNS server (never dialled).
+/// On the allowlist through `*.allowed.test`, resolved by the test DNS server (only resolved, never dialled).
 pub const RESOLVED: &str = "www.allowed.test";
-/// What [`RESOLVED`] resolves to upstream (TEST-NET-3: documentation, nothing answers).
-pub const RESOLVED_ADDR: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 7);
+/// What [`RESOLVED`] resolves to upstream: a public address (the guard strips documentation ranges), which
+/// no test ever connects to.
+pub const RESOLVED_ADDR: Ipv4Addr = Ipv4Addr::new(93, 184, 215, 14);
 /// The secret's real value: must reach the upstream, never the sandbox.
 pub const SECRET_VALUE: &str = "sk-real-value-8f2c1e7a";
+/// A regular expression matching [`SECRET_VALUE`] but not itself (so a `grep` for it does not find its own
+/// command line in `/proc`).
+pub const SECRET_REGEX: &str = "sk-real-value-8f2c1e7[a]";
 /// The environment variable carrying the secret's placeholder.
 pub const SECRET_ENV: &str = "API_KEY";
 
@@ -160,14 +161,15 @@ pub struct Env {
     pub dir: tempfile::TempDir,
     /// Its installation label.
     pub instance: String,
-    /// Subnet pool of this environment (tests get disjoint pools so that parallel runtimes never race
-    /// for the same /24).
-    pub pool: ipnet::Ipv4Net,
+    /// Random prefix of this environment's agent ids.
+    pub prefix: String,
+    agents: std::sync::atomic::AtomicU32,
 }
 
-/// A distinct /22 per environment in this process, inside 10.214.0.0/16 (the default pool is left to
+/// A distinct /22 per environment in this process, inside 10.214.0.0/16, so that parallel runtimes never
+/// race for the same /24 (the default pool is left to
 /// other users of the engine).
-fn next_pool() -> ipnet::Ipv4Net {
+pub fn next_pool() -> ipnet::Ipv4Net {
     static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 64;
     format!("10.214.{}.0/22", n * 4).parse().expect("valid pool")
@@ -195,6 +197,20 @@ pub async fn build_runtime(dir: &Path, pool: ipnet::Ipv4Net, up: &Upstreams) -> 
 }
 
 impl Env {
+    /// An environment around a runtime built elsewhere.
+    pub fn from_parts(runtime: Runtime, up: Upstreams, dir: tempfile::TempDir) -> Self {
+        let instance = instance_of(dir.path());
+        let prefix = AgentId::random().to_string();
+        Self {
+            runtime,
+            up,
+            dir,
+            instance,
+            prefix,
+            agents: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
     /// Upstreams, a data directory and a runtime; the dev image exists.
     pub async fn start() -> Self {
         agenthold_testsupport::require_root();
@@ -208,21 +224,35 @@ impl Env {
         let pool = next_pool();
         let runtime = build_runtime(dir.path(), pool, &up).await;
         let instance = instance_of(dir.path());
+        let prefix = AgentId::random().to_string();
         Self {
             runtime,
             up,
             dir,
             instance,
-            pool,
+            prefix,
+            agents: std::sync::atomic::AtomicU32::new(0),
         }
     }
 
     /// A sandbox with [`spec`] (or `spec` when given).
+    ///
+    /// Agent ids are `<random prefix>-NNN`, increasing within an environment (readable in logs; the order
+    /// of network names once mattered: `lifecycle::agents_are_created_whatever_their_names_sort_to`).
     pub async fn sandbox(&self, spec: Option<SandboxSpec>) -> AgentId {
+        let agent = self.next_agent();
+        let spec = spec.unwrap_or_else(self::spec);
         self.runtime
-            .create_sandbox(spec.unwrap_or_else(self::spec))
+            .create_sandbox_with_id(&agent, spec)
             .await
-            .expect("create a sandbox")
+            .expect("create a sandbox");
+        agent
+    }
+
+    /// A fresh agent id, greater than every id this environment handed out before.
+    pub fn next_agent(&self) -> AgentId {
+        let n = self.agents.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        AgentId::new(format!("{}-{n:03}", self.prefix)).expect("a valid agent id")
     }
 
     /// Run `body`, then remove everything this environment made, also when `body` panicked.
@@ -330,157 +360,6 @@ where
     }
 }
 
-/// What the engine says about an agent's sandbox container.
-#[derive(Debug, Clone)]
-pub struct ContainerFacts {
-    /// Container id.
-    pub id: String,
-    /// `State.StartedAt`.
-    pub started_at: String,
-    /// Init process on the host.
-    pub pid: i64,
-    /// Its address on the agent network.
-    pub ip: Ipv4Addr,
-    /// The agent network's name.
-    pub network: String,
-    /// Labels.
-    pub labels: HashMap<String, String>,
-}
-
-/// Inspect `agenthold-<agent>`.
-pub async fn container(agent: &AgentId) -> ContainerFacts {
-    let docker = docker().await;
-    let c = docker
-        .inspect_container(&format!("agenthold-{agent}"), None::<InspectContainerOptions>)
-        .await
-        .expect("inspect the sandbox");
-    let state = c.state.unwrap_or_default();
-    let networks = c.network_settings.and_then(|n| n.networks).unwrap_or_default();
-    let (network, endpoint) = networks.into_iter().next().expect("the sandbox has a network");
-    ContainerFacts {
-        id: c.id.unwrap_or_default(),
-        started_at: state.started_at.unwrap_or_default(),
-        pid: state.pid.unwrap_or(0),
-        ip: endpoint
-            .ip_address
-            .unwrap_or_default()
-            .parse()
-            .expect("sandbox address"),
-        network,
-        labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
-    }
-}
-
-/// The agent network's bridge, subnet and gateway (`.2`).
-#[derive(Debug, Clone)]
-pub struct NetFacts {
-    /// Host bridge interface.
-    pub bridge: String,
-    /// The /24.
-    pub subnet: ipnet::Ipv4Net,
-    /// `.2`.
-    pub gateway: Ipv4Addr,
-}
-
-/// Inspect the agent network `agenthold-<agent>`.
-pub async fn network(agent: &AgentId) -> NetFacts {
-    let docker = docker().await;
-    let n = docker
-        .inspect_network(
-            &format!("agenthold-{agent}"),
-            None::<bollard::query_parameters::InspectNetworkOptions>,
-        )
-        .await
-        .expect("inspect the agent network");
-    let options = n.options.unwrap_or_default();
-    let ipam = n.ipam.and_then(|i| i.config).unwrap_or_default();
-    let config = ipam.first().expect("one IPAM config");
-    NetFacts {
-        bridge: options
-            .get("com.docker.network.bridge.name")
-            .cloned()
-            .expect("a named bridge"),
-        subnet: config.subnet.as_deref().expect("subnet").parse().expect("a /24"),
-        gateway: config
-            .gateway
-            .as_deref()
-            .expect("gateway")
-            .parse()
-            .expect("gateway address"),
-    }
-}
-
-/// Names of this installation's containers, networks and volumes.
-pub async fn engine_objects(instance: &str) -> (Vec<String>, Vec<String>, Vec<String>) {
-    let docker = docker().await;
-    let label = HashMap::from([("label".to_owned(), vec![format!("agenthold.instance={instance}")])]);
-    let containers = docker
-        .list_containers(Some(ListContainersOptions {
-            all: true,
-            filters: Some(label.clone()),
-            ..Default::default()
-        }))
-        .await
-        .expect("list containers")
-        .into_iter()
-        .flat_map(|c| c.names.unwrap_or_default())
-        .collect();
-    let networks = docker
-        .list_networks(Some(ListNetworksOptions {
-            filters: Some(label.clone()),
-        }))
-        .await
-        .expect("list networks")
-        .into_iter()
-        .filter_map(|n| n.name)
-        .collect();
-    let volumes = docker
-        .list_volumes(Some(ListVolumesOptions { filters: Some(label) }))
-        .await
-        .expect("list volumes")
-        .volumes
-        .unwrap_or_default()
-        .into_iter()
-        .map(|v| v.name)
-        .collect();
-    (containers, networks, volumes)
-}
-
-/// Remove whatever is left with `instance`'s label (containers, networks, volumes) and their
-/// `DOCKER-USER` accepts. Best effort: this only runs after a test already finished.
-pub async fn sweep(instance: &str) {
-    let docker = docker().await;
-    let (containers, networks, volumes) = engine_objects(instance).await;
-    for name in containers {
-        let options = RemoveContainerOptions {
-            force: true,
-            v: true,
-            link: false,
-        };
-        let _ = docker
-            .remove_container(name.trim_start_matches('/'), Some(options))
-            .await;
-    }
-    for name in networks {
-        if let Ok(n) = docker
-            .inspect_network(&name, None::<bollard::query_parameters::InspectNetworkOptions>)
-            .await
-            && let Some(bridge) = n
-                .options
-                .unwrap_or_default()
-                .get("com.docker.network.bridge.name")
-        {
-            let _ = agenthold_sandbox::hostfw::disallow_bridge(bridge);
-        }
-        let _ = docker.remove_network(&name).await;
-    }
-    for name in volumes {
-        let _ = docker
-            .remove_volume(&name, Some(RemoveVolumeOptions { force: true }))
-            .await;
-    }
-}
-
 /// Run a host command, returning stdout (panics when it cannot run).
 pub fn host(program: &str, args: &[&str]) -> std::process::Output {
     std::process::Command::new(program)
@@ -489,7 +368,8 @@ pub fn host(program: &str, args: &[&str]) -> std::process::Output {
         .unwrap_or_else(|e| panic!("run {program}: {e}"))
 }
 
-/// A path below the test binary's own temporary area.
-pub fn scratch(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("ah-int-{}-{name}", std::process::id()))
+/// The address of `subnet` (a /24) ending in `last`.
+pub fn nth(subnet: ipnet::Ipv4Net, last: u8) -> Ipv4Addr {
+    let [a, b, c, _] = subnet.network().octets();
+    Ipv4Addr::new(a, b, c, last)
 }

@@ -1,0 +1,360 @@
+//! Lifecycle (P1, S2, E8): exec (exit codes, output streams, environment, working directory, stdin,
+//! timeout), streaming exec and cancel, file round trips, live policy changes, and stop/start keeping the
+//! volume while issuing a new tunnel token (the old one, read from sandboxd's memory by the host, is then
+//! refused).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use agenthold_core::sandbox::{ExecRequest, SandboxState};
+use agenthold_core::{AgentId, ErrorKind, NetworkPolicy, PolicyMode};
+use agenthold_sandbox::docker::Chunk;
+use agenthold_sandbox::tunnel::TunnelStatus;
+
+use crate::support::*;
+
+fn request(argv: &[&str]) -> ExecRequest {
+    ExecRequest {
+        argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+        ..ExecRequest::default()
+    }
+}
+
+// covers: P1
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn exec_stream_cancel_and_files() {
+    let env = Env::start().await;
+    env.guard(async {
+        let a = env.sandbox(None).await;
+        let rt = &env.runtime;
+        let out = rt
+            .exec_request(&a, request(&["sh", "-c", "echo out; echo err >&2; exit 3"]))
+            .await
+            .unwrap();
+        assert_eq!(
+            (out.exit_code, &out.stdout[..], &out.stderr[..]),
+            (3, &b"out\n"[..], &b"err\n"[..])
+        );
+        let env_vars = BTreeMap::from([("GREETING".to_owned(), "hello world".to_owned())]);
+        let out = rt
+            .exec_request(
+                &a,
+                ExecRequest {
+                    env: env_vars,
+                    ..request(&["sh", "-c", "printf %s \"$GREETING\"; pwd"])
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "hello world/workspace\n",
+            "env and default cwd"
+        );
+        let out = rt
+            .exec_request(
+                &a,
+                ExecRequest {
+                    cwd: Some("/tmp".into()),
+                    ..request(&["pwd"])
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(out.stdout, b"/tmp\n");
+        let input: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+        let out = rt
+            .exec_request(
+                &a,
+                ExecRequest {
+                    stdin: Some(input.clone()),
+                    ..request(&["cat"])
+                },
+            )
+            .await
+            .unwrap();
+        assert!(
+            out.stdout == input,
+            "stdin round trip ({} bytes back)",
+            out.stdout.len()
+        );
+        let out = rt.exec(&a, &["no-such-command"]).await.unwrap();
+        assert_eq!(out.exit_code, 127);
+        assert!(rt.exec(&a, &[]).await.is_err(), "an empty command is refused");
+
+        let started = Instant::now();
+        let timed = ExecRequest {
+            timeout: Some(Duration::from_secs(1)),
+            ..request(&["sh", "-c", "sleep 31; echo late"])
+        };
+        let out = rt.exec_request(&a, timed).await.unwrap();
+        assert_eq!(out.exit_code, 124, "timeout");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the timeout took {:?}",
+            started.elapsed()
+        );
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("late"));
+        let ps = env.sh(&a, "ps -eo args | grep -c '^sleep 3[1]'; true").await;
+        assert_eq!(ps.stdout.trim(), "0", "the timed-out command still runs");
+
+        // Streaming, then cancel: output arrives while the command runs, and cancel kills its whole group.
+        let looped = request(&[
+            "bash",
+            "-c",
+            "for i in $(seq 1 500); do echo tick-$i; sleep 0.1; done; sleep 32",
+        ]);
+        let mut handle = rt.exec_stream(&a, looped).await.unwrap();
+        let mut seen = String::new();
+        while !seen.contains("tick-3") {
+            match tokio::time::timeout(Duration::from_secs(10), handle.next())
+                .await
+                .expect("streamed output")
+            {
+                Some(Ok(Chunk::Stdout(bytes))) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let started = Instant::now();
+        rt.cancel_exec(&a, &handle.id).await.unwrap();
+        let code = tokio::time::timeout(Duration::from_secs(10), handle.wait())
+            .await
+            .expect("ends")
+            .unwrap();
+        assert_eq!(code, 137, "a cancelled command");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "cancel took {:?}",
+            started.elapsed()
+        );
+        let ps = env.sh(&a, "ps -eo args | grep -c 'seq 1 50[0]'; true").await;
+        assert_eq!(ps.stdout.trim(), "0", "the cancelled command still runs");
+
+        // Files: binary round trip, parents created, replace, and the errors.
+        let data: Vec<u8> = (0u32..1_000_000)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        rt.write_file(&a, "/workspace/deep/er/data.bin", &data)
+            .await
+            .unwrap();
+        assert!(
+            rt.read_file(&a, "/workspace/deep/er/data.bin").await.unwrap() == data,
+            "binary round trip"
+        );
+        let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&data));
+        let out = env.sh(&a, "sha256sum /workspace/deep/er/data.bin").await.ok();
+        assert!(
+            out.stdout.starts_with(&digest),
+            "the sandbox sees the same bytes:\n{out}"
+        );
+        rt.write_file(&a, "/workspace/deep/er/data.bin", b"replaced")
+            .await
+            .unwrap();
+        assert_eq!(
+            rt.read_file(&a, "/workspace/deep/er/data.bin").await.unwrap(),
+            b"replaced"
+        );
+        let missing = rt.read_file(&a, "/workspace/missing.txt").await.unwrap_err();
+        assert_eq!(agenthold_core::Error::from(missing).kind(), ErrorKind::NotFound);
+        let directory = rt.read_file(&a, "/workspace/deep").await;
+        assert!(
+            directory.is_err(),
+            "reading a directory: {:?}",
+            directory.map(|d| d.len())
+        );
+        let relative = rt.write_file(&a, "relative.txt", b"x").await.unwrap_err();
+        assert_eq!(agenthold_core::Error::from(relative).kind(), ErrorKind::BadInput);
+    })
+    .await;
+}
+
+// covers: E8, E9
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn a_policy_change_takes_effect_within_a_second() {
+    let env = Env::start().await;
+    env.guard(async {
+        let a = env.sandbox(None).await;
+        let probe = format!(
+            "curl -sS -m 3 -o /dev/null -w '%{{http_code}}' https://{ALLOWED}/policy 2>/dev/null; \
+             echo \" $(getent hosts {RESOLVED} >/dev/null && echo resolves || echo nxdomain)\""
+        );
+        assert_eq!(env.sh(&a, &probe).await.stdout.trim(), "200 resolves");
+        for (policy, expected) in [
+            (
+                NetworkPolicy::parse(PolicyMode::Allowlist, &["other.test"]).unwrap(),
+                "000 nxdomain",
+            ),
+            (allowlist(), "200 resolves"),
+        ] {
+            env.runtime.set_policy(&a, policy).await.unwrap();
+            let changed = Instant::now();
+            let out = env.sh(&a, &probe).await;
+            let took = changed.elapsed();
+            assert_eq!(
+                out.stdout.trim(),
+                expected,
+                "the first request after set_policy:\n{out}"
+            );
+            assert!(
+                took < Duration::from_secs(1),
+                "set_policy took effect only after {took:?}"
+            );
+        }
+    })
+    .await;
+}
+
+/// Every distinct 64-hex-digit string in the writable memory of host process `pid` (sandboxd keeps its boot
+/// token there; the host's root may read it, the sandbox may not).
+fn tokens_in_memory(pid: i64) -> Vec<String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("read maps");
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("open mem");
+    let mut found = Vec::new();
+    for line in maps
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1).is_some_and(|p| p.starts_with("rw")))
+    {
+        let range = line.split_whitespace().next().unwrap();
+        let (start, end) = range.split_once('-').unwrap();
+        let (start, end) = (
+            u64::from_str_radix(start, 16).unwrap(),
+            u64::from_str_radix(end, 16).unwrap(),
+        );
+        let mut buf = vec![0u8; usize::try_from(end - start).unwrap().min(64 << 20)];
+        let Ok(n) = mem.read_at(&mut buf, start) else {
+            continue;
+        };
+        let hexdigit = |b: &u8| b.is_ascii_digit() || (b'a'..=b'f').contains(b);
+        for run in buf[..n].split(|b| !hexdigit(b)).filter(|r| r.len() == 64) {
+            let token = String::from_utf8_lossy(run).into_owned();
+            if !found.contains(&token) {
+                found.push(token);
+            }
+        }
+    }
+    found
+}
+
+/// Present each candidate token on the agent's tunnel from inside its sandbox; the server's answers.
+async fn hello(env: &Env, agent: &AgentId, tokens: &[String]) -> Vec<String> {
+    let gateway = network(agent).await.gateway;
+    let program = format!(
+        r#"
+import socket
+for token in {tokens:?}:
+    s = socket.create_connection(("{gateway}", 15003), timeout=5)
+    s.sendall(("AGENTHOLD-TUNNEL 1 {agent} %s\n" % token).encode())
+    print(s.recv(64).decode().strip()); s.close()
+"#
+    );
+    let out = python(&env.runtime, agent, &program).await.ok();
+    out.stdout.lines().map(str::to_owned).collect()
+}
+
+/// The token of the current boot, found in sandboxd's memory and confirmed by the tunnel.
+async fn current_token(env: &Env, agent: &AgentId) -> String {
+    let candidates = tokens_in_memory(container(agent).await.pid);
+    let answers = hello(env, agent, &candidates).await;
+    let accepted: Vec<_> = candidates
+        .iter()
+        .zip(&answers)
+        .filter(|(_, a)| *a == "OK")
+        .map(|(t, _)| t)
+        .collect();
+    assert_eq!(
+        accepted.len(),
+        1,
+        "one token of {} candidates is accepted: {answers:?}",
+        candidates.len()
+    );
+    accepted[0].clone()
+}
+
+// covers: P1, S2
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn stop_and_start_keep_the_volume_and_renew_the_tunnel_token() {
+    let env = Env::start().await;
+    env.guard(async {
+        let a = env.sandbox(None).await;
+        env.runtime
+            .write_file(&a, "/workspace/keep.txt", b"kept across restarts")
+            .await
+            .unwrap();
+        let old = current_token(&env, &a).await;
+        let wrong = hello(&env, &a, &["0".repeat(64)]).await;
+        assert_eq!(wrong, ["ERR bad token"], "a made-up token");
+
+        env.runtime.stop(&a).await.unwrap();
+        assert_eq!(
+            env.runtime.inspect(&a).await.unwrap().state,
+            SandboxState::Stopped
+        );
+        assert_eq!(env.runtime.tunnel_status(&a), TunnelStatus::Disconnected);
+        assert!(
+            env.runtime.exec(&a, &["true"]).await.is_err(),
+            "exec in a stopped sandbox"
+        );
+        env.runtime.stop(&a).await.expect("stop is idempotent");
+        env.runtime.start(&a).await.unwrap();
+        assert_eq!(
+            env.runtime.inspect(&a).await.unwrap().state,
+            SandboxState::Running
+        );
+        let connected = wait_for(Duration::from_secs(15), || async {
+            env.runtime.tunnel_status(&a) == TunnelStatus::Connected
+        });
+        assert!(
+            connected.await.is_some(),
+            "the new boot's tunnel does not come up"
+        );
+        assert_eq!(
+            env.runtime.read_file(&a, "/workspace/keep.txt").await.unwrap(),
+            b"kept across restarts"
+        );
+
+        assert_eq!(
+            hello(&env, &a, std::slice::from_ref(&old)).await,
+            ["ERR bad token"],
+            "the old boot's token"
+        );
+        let new = current_token(&env, &a).await;
+        assert_ne!(new, old, "a new boot has a new token");
+    })
+    .await;
+}
+
+/// Regression (found by this suite, fixed in `holder.rs`): the holder joins agent networks one by one and
+/// Docker makes the network whose name sorts first its default-gateway network; a new network sorting
+/// before the current one made Docker replace a default route via the holder's own `.2`, which failed
+/// ("failed to set gateway while updating gateway: file exists"), so about half of all second agents could
+/// not be created. Here the second agent's network sorts first on purpose.
+// covers: P1, S4
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn agents_are_created_whatever_their_names_sort_to() {
+    let env = Env::start().await;
+    env.guard(async {
+        let first = AgentId::new(format!("z{}", env.prefix)).unwrap();
+        let second = AgentId::new(format!("a{}", env.prefix)).unwrap();
+        env.runtime
+            .create_sandbox_with_id(&first, spec())
+            .await
+            .expect("the first agent");
+        let created = env.runtime.create_sandbox_with_id(&second, spec()).await;
+        assert!(
+            created.is_ok(),
+            "a second agent whose network sorts first: {:?}",
+            created.err()
+        );
+        for agent in [&first, &second] {
+            let curl =
+                format!("curl -sS -m 5 --noproxy '*' -o /dev/null -w '%{{http_code}}' https://{ALLOWED}/");
+            assert_eq!(env.sh(agent, &curl).await.stdout, "200", "{agent} has egress");
+        }
+    })
+    .await;
+}
