@@ -9,14 +9,15 @@ use agenthold_core::policy::{DenyReason, Verdict};
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::gateway::{Shared, Target};
 use crate::http::{ConnCtx, Mode, Proto, check_policy, empty, parse_target, refuse};
-use crate::io::{SpliceEnd, splice};
-use crate::log::{LogEntry, LogKind, PendingEntry};
+use crate::io::{SpliceEnd, Tracked, splice, splice_tcp};
+use crate::log::{Counters, LogEntry, LogKind, PendingEntry};
 use crate::sniff::split_host_port;
 use crate::transparent::accept_loop;
 use crate::upstream::ProxyBody;
@@ -108,7 +109,7 @@ pub(crate) async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Respon
         let tunnel = async {
             match on_upgrade.await {
                 Ok(upgraded) => {
-                    let end = splice(TokioIo::new(upgraded), upstream, idle, &pending.counters).await;
+                    let end = tunnel(upgraded, upstream, idle, &pending.counters).await;
                     if let SpliceEnd::Error(e) = end {
                         tracing::debug!(error = %e, "tunnel ended with an error");
                     }
@@ -122,4 +123,30 @@ pub(crate) async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Respon
         }
     });
     Response::new(empty())
+}
+
+/// Carry a CONNECT tunnel: zero-copy between the two sockets when the upgraded connection is the plain TCP
+/// socket the explicit proxy serves (after forwarding what hyper had already read of it), a userspace copy
+/// otherwise.
+async fn tunnel(
+    upgraded: hyper::upgrade::Upgraded,
+    mut upstream: TcpStream,
+    idle: std::time::Duration,
+    counters: &Counters,
+) -> SpliceEnd {
+    match upgraded.downcast::<TokioIo<Tracked<TcpStream>>>() {
+        Ok(parts) => {
+            if !parts.read_buf.is_empty() {
+                if let Err(e) = upstream.write_all(&parts.read_buf).await {
+                    return SpliceEnd::Error(e);
+                }
+                counters
+                    .up
+                    .fetch_add(parts.read_buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            let client = parts.io.into_inner().into_inner();
+            splice_tcp(&client, &upstream, idle, counters).await
+        }
+        Err(upgraded) => splice(TokioIo::new(upgraded), upstream, idle, counters).await,
+    }
 }

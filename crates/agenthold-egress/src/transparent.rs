@@ -22,7 +22,7 @@ use tracing::Instrument;
 use crate::dial::DialError;
 use crate::gateway::{Shared, Target};
 use crate::http::{ConnCtx, Mode, Proto};
-use crate::io::{SpliceEnd, splice};
+use crate::io::{SpliceEnd, splice_tcp};
 use crate::log::{LogEntry, LogKind, PendingEntry};
 use crate::sniff::{self, Protocol, Sniff};
 
@@ -266,7 +266,7 @@ async fn connect_and_splice(
         .counters
         .up
         .fetch_add(prefix.len() as u64, std::sync::atomic::Ordering::Relaxed);
-    if let SpliceEnd::Error(e) = splice(stream, upstream, gw.timeouts.idle, &pending.counters).await {
+    if let SpliceEnd::Error(e) = splice_tcp(&stream, &upstream, gw.timeouts.idle, &pending.counters).await {
         tracing::debug!(agent = %agent, error = %e, "splice ended with an error");
     }
 }
