@@ -165,7 +165,18 @@ mod tests {
             0o700,
         )
         .unwrap();
-        assert_eq!(first_file(&tar, 100).unwrap(), b"token");
+        // The first entry is the `.agenthold/` directory: what a directory download looks like.
+        assert!(first_file(&tar, 100).is_err());
+        let single = pack(
+            &[Entry {
+                path: "boot",
+                mode: 0o400,
+                data: b"token",
+            }],
+            0o700,
+        )
+        .unwrap();
+        assert_eq!(first_file(&single, 100).unwrap(), b"token");
         // GNU tar reads what we write.
         let dir = std::env::temp_dir().join(format!("ah-tar-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
