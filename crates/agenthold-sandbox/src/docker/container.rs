@@ -120,6 +120,7 @@ pub(crate) async fn create(
             problem: "memory limit too large".into(),
         })?;
     let pids = i64::from(spec.pids.unwrap_or(config.pids));
+    let resolv = write_resolv_conf(agent, net, config)?;
     let mut labels = engine.labels(Some(agent), "sandbox");
     labels.extend(spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
     let mounts = vec![
@@ -127,6 +128,15 @@ pub(crate) async fn create(
             target: Some(WORKSPACE.to_owned()),
             source: Some(volume_name(agent)),
             typ: Some(MountType::VOLUME),
+            ..Default::default()
+        },
+        // The sandbox's resolver is the gateway itself (E2), not Docker's embedded one: queries go straight
+        // to `.2`, and container names on the network are not resolvable.
+        Mount {
+            target: Some("/etc/resolv.conf".to_owned()),
+            source: Some(resolv.display().to_string()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
             ..Default::default()
         },
         Mount {
@@ -180,6 +190,23 @@ pub(crate) async fn create(
         .await
         .map_err(|e| Error::engine(format!("create the sandbox of {agent}"), e))?;
     Ok(())
+}
+
+/// The agent's resolv.conf (`nameserver <.2>`), kept in the state directory for the sandbox's lifetime.
+fn write_resolv_conf(
+    agent: &AgentId,
+    net: &AgentNetwork,
+    config: &DockerConfig,
+) -> Result<std::path::PathBuf> {
+    let dir = config.state_dir.join("resolv");
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    let path = dir.join(format!("{agent}.conf"));
+    let text = format!(
+        "nameserver {}\noptions ndots:0 timeout:2 attempts:2\n",
+        net.gateway_addr()
+    );
+    std::fs::write(&path, text).map_err(|e| Error::io(format!("write {}", path.display()), e))?;
+    Ok(path)
 }
 
 /// Write the boot token and the CA into the (stopped) container, for sandboxd to pick up at start.

@@ -58,6 +58,8 @@ pub struct DockerConfig {
     pub pids: u32,
     /// The static sandboxd on the host, bind-mounted read-only into every sandbox.
     pub sandboxd_path: PathBuf,
+    /// Where per-agent files the runtime mounts into sandboxes live (`<data_dir>/run`).
+    pub state_dir: PathBuf,
     /// The image of the gateway holder (scratch + sandboxd).
     pub sandboxd_image: String,
     /// The installation's CA, written into every sandbox at every start.
@@ -237,6 +239,7 @@ impl DockerSandbox {
             crate::network::remove(&self.engine.docker, &net.name).await?;
         }
         drop(topo);
+        let _ = std::fs::remove_file(self.config.state_dir.join("resolv").join(format!("{agent}.conf")));
         if !keep_volume {
             let options = RemoveVolumeOptions { force: true };
             match self

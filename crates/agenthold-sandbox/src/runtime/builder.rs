@@ -237,6 +237,7 @@ async fn docker_config(
         memory_bytes: config.sandbox.memory_bytes,
         pids: config.sandbox.pids,
         sandboxd_path,
+        state_dir: data_dir.join("run"),
         sandboxd_image: image.name,
         ca_pem: ca_pem.to_owned(),
     })
