@@ -11,14 +11,24 @@
 //! - [`cpu`]: CPU time per named thread group (gateway, upstream) over a run.
 //! - [`proxy`]: reference forwarders (userspace copy, splice(2)) for the splice experiment.
 //! - [`report`]: medians, ratios, the table and the JSON.
+//! - [`tls_load`]: HTTPS keep-alive and sequential-latency clients (the interception benchmark).
+//! - [`mitm`]: mitmproxy's `mitmdump` as the reference interceptor.
+//! - [`nginx`]: nginx as a realistic HTTPS upstream.
+//! - [`table`]: a plain Markdown table for targets whose columns are not the three routes.
+//! - [`docker_events`]: the Docker engine's event stream as a timeline (the sandbox start benchmark).
 //!
 //! See `docs/benchmarks.md` for what each number means and the latest results.
 #![forbid(unsafe_code)]
 
 pub mod cpu;
+pub mod docker_events;
 pub mod load;
+pub mod mitm;
+pub mod nginx;
 pub mod proxy;
 pub mod report;
 pub mod setup;
+pub mod table;
+pub mod tls_load;
 pub mod tools;
 pub mod upstream;

@@ -182,7 +182,7 @@ async fn finish(mut tasks: tokio::task::JoinSet<(u64, u64)>, duration: Duration)
 /// Reads one `200` response (head and `content-length` body) from `stream`; bytes beyond it stay in
 /// `buf`. With `to_end`, then reads until the server closes (a `Connection: close` exchange), so that the
 /// server, not the client, closes first and the client never holds a port in TIME_WAIT.
-async fn read_response<S: AsyncRead + AsyncWrite + Unpin>(
+pub async fn read_response<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut Vec<u8>,
     to_end: bool,

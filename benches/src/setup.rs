@@ -19,9 +19,10 @@ use std::time::Duration;
 
 use agenthold_core::AgentId;
 use agenthold_core::policy::{NetworkPolicy, PolicyMode, PolicyTable};
+use agenthold_core::secret::SecretInjector;
 use agenthold_egress::netns::NetNs;
 use agenthold_egress::nft::{self, GatewayRules, Ports};
-use agenthold_egress::{AgentSockets, Dangerous, Gateway};
+use agenthold_egress::{AgentSockets, CertificateAuthority, Dangerous, Gateway};
 use agenthold_testsupport::{TestCa, TestNet};
 use anyhow::{Context, Result, bail};
 use tokio::runtime::Runtime;
@@ -48,6 +49,30 @@ pub struct Endpoints {
 
 /// The port a sandbox uses for the raw bulk protocol (any port but 80 and 443 is "other TCP").
 pub const RAW_PORT: u16 = 9000;
+
+/// What [`Env::start_with`] adds to the world [`Env::start`] builds.
+#[derive(Default)]
+pub struct Options {
+    /// TLS interception (issue 4): the gateway gets this injector and CA, so it terminates TLS for the
+    /// hosts the injector names for [`Env::agent`], and it trusts the upstreams' test CA (what
+    /// `Dangerous::upstream_ca_pem` is for). Without it the gateway has neither and splices every TLS
+    /// connection.
+    pub intercept: Option<Intercept>,
+    /// More `(name, port, address)` mappings for the gateway (`Dangerous::connect_to`): another upstream
+    /// the sandbox reaches by name through the gateway, besides [`NAME`]'s.
+    pub connect_to: Vec<(String, u16, SocketAddr)>,
+    /// More PEM trust anchors for the gateway's upstream TLS (with [`Options::intercept`]): the CA of such
+    /// another upstream.
+    pub upstream_ca_pem: Option<String>,
+}
+
+/// The pieces of a gateway that intercepts (see [`Options::intercept`]).
+pub struct Intercept {
+    /// Decides which hosts are intercepted and injects the secrets (a `SecretTable`, say).
+    pub injector: Arc<dyn SecretInjector>,
+    /// Signs the leaf certificates the sandbox sees for intercepted hosts.
+    pub ca: Arc<CertificateAuthority>,
+}
 
 /// Everything a run needs; [`Env::close`] takes it down again.
 pub struct Env {
@@ -87,6 +112,14 @@ impl Env {
     /// # Errors
     /// Any setup step that fails, with what it was doing.
     pub fn start() -> Result<Self> {
+        Self::start_with(Options::default())
+    }
+
+    /// As [`Env::start`], with the additions `options` asks for.
+    ///
+    /// # Errors
+    /// Any setup step that fails, with what it was doing.
+    pub fn start_with(options: Options) -> Result<Self> {
         if !nix_is_root() {
             bail!("needs root (network namespaces, nftables): run `cargo bench` as root or via sudo -E");
         }
@@ -145,18 +178,31 @@ impl Env {
         );
         let gateway = {
             let _rt = gateway_rt.enter();
-            let gateway = Gateway::builder()
+            let upstream_ca_pem = options.intercept.as_ref().map(|_| {
+                let mut pem = ca.pem();
+                pem.push('\n');
+                pem.push_str(options.upstream_ca_pem.as_deref().unwrap_or_default());
+                pem.into_bytes()
+            });
+            let mut connect_to = vec![
+                (NAME.into(), 443, lo.tls),
+                (NAME.into(), 80, lo.http),
+                (NAME.into(), RAW_PORT, lo.raw),
+            ];
+            connect_to.extend(options.connect_to);
+            let mut builder = Gateway::builder()
                 .policy(policies)
                 .dns_upstream(lo.dns)
                 .dangerous(Dangerous {
-                    connect_to: vec![
-                        (NAME.into(), 443, lo.tls),
-                        (NAME.into(), 80, lo.http),
-                        (NAME.into(), RAW_PORT, lo.raw),
-                    ],
-                    upstream_ca_pem: None,
-                })
-                .build()?;
+                    connect_to,
+                    upstream_ca_pem,
+                });
+            if let Some(intercept) = options.intercept {
+                builder = builder
+                    .injector(intercept.injector)
+                    .certificate_authority(intercept.ca);
+            }
+            let gateway = builder.build()?;
             let bind = |port| SocketAddr::from((gw_addr, port));
             let sockets = AgentSockets {
                 transparent: Some(gw_ns.bind_tcp(bind(ports.proxy))?),
@@ -214,6 +260,11 @@ impl Env {
             Route::DirectVeth => self.veth,
             Route::Gateway => self.through,
         }
+    }
+
+    /// The agent the gateway serves the sandbox as (for its secrets, its request log).
+    pub fn agent(&self) -> &AgentId {
+        &self.agent
     }
 
     /// The gateway's explicit proxy, as the sandbox reaches it (`HTTP_PROXY`).

@@ -12,6 +12,7 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result};
 use hickory_proto::op::{Message, Metadata, ResponseCode};
@@ -25,6 +26,22 @@ use tokio_rustls::TlsAcceptor;
 /// It is public (the gateway strips private addresses from answers) and is the one the integration tests
 /// use as "somewhere outside".
 pub const DNS_ANSWER: Ipv4Addr = Ipv4Addr::new(93, 184, 216, 34);
+
+/// The header a secret rule sets in the interception benchmark, and the secret's value: the upstream counts
+/// the requests that carry exactly this header and value ([`injected_requests`]), so a benchmark can prove
+/// that its requests were intercepted and injected rather than spliced.
+pub const SECRET_HEADER: &str = "x-bench-secret";
+/// See [`SECRET_HEADER`].
+pub const SECRET_VALUE: &str = "bench-secret-value-5c1e0f";
+
+/// Requests seen so far (every server, every route) carrying [`SECRET_HEADER`]: [`SECRET_VALUE`].
+static INJECTED: AtomicU64 = AtomicU64::new(0);
+
+/// How many requests carrying [`SECRET_HEADER`] with [`SECRET_VALUE`] the HTTP servers have received so far
+/// (all of them together; take the difference around a run).
+pub fn injected_requests() -> u64 {
+    INJECTED.load(Ordering::Relaxed)
+}
 
 /// Body of `GET /small`.
 const SMALL_BODY: &[u8] = b"hello, agent\n";
@@ -120,6 +137,8 @@ struct Asked {
     /// `Some(n)` for `/bulk/n`, `None` for anything else (answered like `/small`).
     bulk: Option<u64>,
     close: bool,
+    /// Carries [`SECRET_HEADER`]: [`SECRET_VALUE`].
+    injected: bool,
 }
 
 /// Requests answered one after the other (pipelined ones included) until the client closes.
@@ -142,6 +161,9 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) -> i
             buf.extend_from_slice(&chunk[..n]);
         };
         buf.drain(..asked.head_len);
+        if asked.injected {
+            INJECTED.fetch_add(1, Ordering::Relaxed);
+        }
         let connection = if asked.close { "close" } else { "keep-alive" };
         match asked.bulk {
             None => {
@@ -193,10 +215,15 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<Asked>> {
         .headers
         .iter()
         .any(|h| h.name.eq_ignore_ascii_case("connection") && h.value.eq_ignore_ascii_case(b"close"));
+    let injected = request
+        .headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case(SECRET_HEADER) && h.value == SECRET_VALUE.as_bytes());
     Ok(Some(Asked {
         head_len,
         bulk,
         close,
+        injected,
     }))
 }
 

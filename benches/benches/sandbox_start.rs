@@ -1,0 +1,936 @@
+//! Sandbox start: `Runtime::create_sandbox` until the first `exec(["true"])` returns, vs
+//! `docker run --rm agenthold/dev:latest true`, side by side in one run (issue 5, item 11).
+//!
+//! `cargo bench -p agenthold-benches --bench sandbox_start` (as root, Docker running). One `Runtime` on a
+//! temporary data directory; `agenthold/dev:latest` is built first if it is missing or stale
+//! (`image::ensure_dev_image`). A warm-up of every kind, then `BENCH_ROUNDS` (default 5) rounds, the kinds
+//! interleaved (their order rotates from round to round), in two phases:
+//!
+//! - **cold**: no other sandbox of this runtime exists, so the create also creates and starts the gateway
+//!   holder container (and the remove removes it again): the first sandbox of a fresh runtime.
+//! - **warm**: a long-lived sandbox keeps the holder up, as it is for every sandbox but the first.
+//!
+//! Each round also runs `docker run --rm --pull never agenthold/dev:latest true` (the CLI, as an operator
+//! would) and the same through the engine API (bollard create + start + wait + remove), the reference.
+//!
+//! Where the time goes comes from outside the sandbox crate: the engine's event stream (`docker events`,
+//! nanosecond timestamps on the host clock) shows when each object was made, and timestamps around the
+//! public calls close the timeline. Every sandbox is removed, and at the end nothing with this run's
+//! instance label may be left (containers, networks, volumes, host nftables table, `DOCKER-USER` rules).
+//!
+//! A third part times single engine steps through bollard alone (no agenthold code): creating and
+//! removing an internal network like an agent's, and starting the same container on the default bridge,
+//! on such a user-defined network, and with no network, to say what of a sandbox start is Docker's own.
+//!
+//! `BENCH_ROUNDS`, `BENCH_JSON` (default `target/bench-sandbox-start.json`), `BENCH_ONLY=cold,warm,engine`.
+// A benchmark's output is its table on stdout.
+#![allow(clippy::print_stdout)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use agenthold_benches::cpu;
+use agenthold_benches::docker_events::{self, Event, Recorder, Timeline};
+use agenthold_benches::report::median;
+use agenthold_benches::table::{num, render};
+use agenthold_core::{AgentId, SandboxSpec};
+use agenthold_sandbox::Runtime;
+use agenthold_sandbox::engine::{LABEL_INSTANCE, LABEL_ROLE};
+use agenthold_sandbox::image::{DEV_IMAGE, DevImageOptions, ensure_dev_image};
+use agenthold_sandbox::network::AgentNetwork;
+use anyhow::{Context, Result, bail};
+use bollard::Docker;
+use bollard::models::{ContainerCreateBody, HostConfig, Ipam, IpamConfig, NetworkCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, ListContainersOptionsBuilder, ListNetworksOptionsBuilder,
+    ListVolumesOptionsBuilder, RemoveContainerOptionsBuilder, StartContainerOptions, WaitContainerOptions,
+};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+/// A run starts once fewer than this many CPUs were busy for a quarter second (see [`cpu::settle`]).
+const QUIET_BELOW: f64 = 0.3;
+/// How long to wait for a quiet machine before starting anyway.
+const QUIET_PATIENCE: Duration = Duration::from_secs(20);
+/// The issue's target: create-to-first-exec ≤ 1.0 × `docker run --rm … true`.
+const TARGET_RATIO: f64 = 1.0;
+/// Prefix of the reference containers' names (for the event timeline and the leak check).
+const REFERENCE_PREFIX: &str = "ahbench-start";
+
+static NOISY_STARTS: AtomicUsize = AtomicUsize::new(0);
+
+fn settle() {
+    let busy = cpu::settle(QUIET_BELOW, QUIET_PATIENCE);
+    if busy >= QUIET_BELOW {
+        NOISY_STARTS.fetch_add(1, Ordering::Relaxed);
+        eprintln!("bench sandbox_start: starting on a busy machine ({busy:.1} CPUs busy)");
+    }
+}
+
+/// What is timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Kind {
+    /// `docker run --rm --pull never agenthold/dev:latest true` (the CLI).
+    DockerRun,
+    /// The same through the engine API: create, start, wait, remove.
+    DockerApi,
+    /// `create_sandbox` + first `exec(["true"])`.
+    Sandbox,
+}
+
+impl Kind {
+    const ALL: [Kind; 3] = [Kind::DockerRun, Kind::DockerApi, Kind::Sandbox];
+
+    fn label(self) -> &'static str {
+        match self {
+            Kind::DockerRun => "docker run --rm IMAGE true (CLI)",
+            Kind::DockerApi => "engine API: create + start + wait + remove",
+            Kind::Sandbox => "create_sandbox + first exec([\"true\"])",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            Kind::DockerRun => "docker_run_cli",
+            Kind::DockerApi => "docker_api",
+            Kind::Sandbox => "sandbox",
+        }
+    }
+}
+
+/// One timed start.
+#[derive(Debug, Clone)]
+struct Sample {
+    kind: Kind,
+    /// The timed part (for a sandbox: call to first exec's return).
+    total: Duration,
+    /// Instants from the call on; the engine events are added at the end of the run.
+    timeline: Timeline,
+    /// For a sandbox: its agent, the second exec and the remove.
+    agent: Option<AgentId>,
+    second_exec: Option<Duration>,
+    remove: Option<Duration>,
+    /// Reference containers: the name they were created with.
+    name: Option<String>,
+    /// The window of engine events that belong to this sample.
+    window: (i64, i64),
+}
+
+/// Samples of one phase (cold or warm), per kind.
+#[derive(Debug, Default)]
+struct Phase {
+    samples: Vec<Sample>,
+}
+
+impl Phase {
+    fn of(&self, kind: Kind) -> impl Iterator<Item = &Sample> {
+        self.samples.iter().filter(move |s| s.kind == kind)
+    }
+
+    fn totals_ms(&self, kind: Kind) -> Vec<f64> {
+        self.of(kind).map(|s| s.total.as_secs_f64() * 1e3).collect()
+    }
+
+    /// Median over rounds of (sandbox / docker run CLI) of the same round.
+    fn ratio(&self, base: Kind) -> Option<f64> {
+        let ours = self.totals_ms(Kind::Sandbox);
+        let theirs = self.totals_ms(base);
+        if ours.len() != theirs.len() || ours.is_empty() {
+            return Some(median(&ours)? / median(&theirs)?);
+        }
+        median(&ours.iter().zip(&theirs).map(|(a, b)| a / b).collect::<Vec<_>>())
+    }
+}
+
+fn main() -> ExitCode {
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("bench sandbox_start: not run without --bench (use `cargo bench`)");
+        return ExitCode::SUCCESS;
+    }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench sandbox_start: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn target_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.ancestors().nth(3).map(PathBuf::from))
+        .filter(|dir| dir.join("CACHEDIR.TAG").exists() || dir.ends_with("target"))
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")))
+}
+
+struct Settings {
+    rounds: usize,
+    only: Option<Vec<String>>,
+}
+
+impl Settings {
+    fn wants(&self, key: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|k| k == key))
+    }
+}
+
+fn run() -> Result<()> {
+    let var = |key: &str| std::env::var(key).ok().filter(|v| !v.is_empty());
+    let settings = Settings {
+        rounds: var("BENCH_ROUNDS")
+            .map_or(Ok(5), |v| v.parse())
+            .context("BENCH_ROUNDS")?
+            .max(1),
+        only: var("BENCH_ONLY").map(|v| v.split(',').map(|s| s.trim().to_owned()).collect()),
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio runtime")?
+        .block_on(bench(&settings))
+}
+
+async fn bench(settings: &Settings) -> Result<()> {
+    let docker = Docker::connect_with_local_defaults()
+        .context("docker socket")?
+        .negotiate_version()
+        .await
+        .context("docker engine (is dockerd running?)")?;
+    let started = Instant::now();
+    // The integration tests' work directory: its lock file serialises a build with theirs.
+    let work = std::env::temp_dir().join("agenthold-image-tests");
+    let image = ensure_dev_image(&docker, &work, &DevImageOptions::default()).await?;
+    eprintln!(
+        "bench sandbox_start: {} ({}) ready in {:.1?}",
+        image.name,
+        &image.id[..19.min(image.id.len())],
+        started.elapsed()
+    );
+
+    let data_dir = tempfile::tempdir().context("data directory")?;
+    let built = Instant::now();
+    let runtime = Runtime::builder().data_dir(data_dir.path()).build().await?;
+    let build_time = built.elapsed();
+    let recorder = Recorder::start(&docker).await;
+    let mut made: Vec<AgentId> = Vec::new();
+    let result = measure(settings, &runtime, &docker, &mut made).await;
+    let engine = if settings.wants("engine") {
+        eprintln!("bench sandbox_start: engine steps ({} rounds) …", settings.rounds);
+        let pool = runtime.config().sandbox.subnet_pool;
+        Some(engine_steps(&docker, pool, settings.rounds).await)
+    } else {
+        None
+    };
+    // Whatever happened: remove what is left (the sandboxes the runtime still knows).
+    for agent in runtime.sandboxes().await.unwrap_or_default() {
+        if let Err(e) = runtime.remove(&agent).await {
+            eprintln!("bench sandbox_start: removing {agent} failed: {e}");
+        }
+    }
+    runtime.shutdown().await;
+    // Let the last events arrive.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (mut cold, mut warm) = result?;
+    let engine = engine.transpose()?;
+    let instance = instance_of(&recorder, &made).context("no event carried this run's instance label")?;
+    for phase in [&mut cold, &mut warm] {
+        for sample in &mut phase.samples {
+            add_events(sample, &recorder, &instance);
+        }
+    }
+    let leaks = leaks(&docker, &instance, &made).await?;
+    drop(runtime);
+
+    println!();
+    println!("{}", summary_table(&cold, &warm, build_time));
+    for (name, phase) in [
+        ("cold (first sandbox: holder created too)", &cold),
+        ("warm (holder running)", &warm),
+    ] {
+        if phase.samples.is_empty() {
+            continue;
+        }
+        println!("where the time goes, {name}: create_sandbox + first exec, median ms per phase");
+        println!("{}", phase_table(phase, Kind::Sandbox));
+    }
+    let reference = if cold.samples.is_empty() { &warm } else { &cold };
+    println!("where the time goes, docker run --rm (CLI), median ms per phase");
+    println!("{}", phase_table(reference, Kind::DockerRun));
+    if let Some(engine) = &engine {
+        println!("engine steps alone (bollard, no agenthold code), median ms");
+        println!("{}", engine_table(engine));
+    }
+    println!("engine events recorded: {}", recorder.len());
+    if leaks.is_empty() {
+        println!(
+            "left behind: nothing (containers, networks, volumes with instance label {instance}, host table, DOCKER-USER rules)"
+        );
+    } else {
+        println!("LEFT BEHIND: {}", leaks.join("; "));
+    }
+    let noisy = NOISY_STARTS.load(Ordering::Relaxed);
+    if noisy > 0 {
+        println!("{noisy} starts began while other work kept >= {QUIET_BELOW} CPUs busy: expect noise");
+    }
+
+    let json = json!({
+        "settings": {
+            "cpus": std::thread::available_parallelism().map(usize::from).ok(),
+            "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|s| s.trim().to_owned()),
+            "rounds": settings.rounds,
+            "image": image.name,
+            "image_id": image.id,
+            "docker": docker.version().await.ok().and_then(|v| v.version),
+            "runtime_build_ms": build_time.as_secs_f64() * 1e3,
+            "instance": instance,
+            "starts_on_busy_machine": noisy,
+            "left_behind": leaks,
+        },
+        "engine_steps_ms": engine.as_ref().map(|e| e.iter().map(|(k, v)| (k.clone(), json!({"median": median(v), "runs": v}))).collect::<serde_json::Map<_, _>>()),
+        "cold": phase_json(&cold),
+        "warm": phase_json(&warm),
+        "target_ratio": TARGET_RATIO,
+    });
+    let path = std::env::var_os("BENCH_JSON")
+        .map_or_else(|| target_dir().join("bench-sandbox-start.json"), PathBuf::from);
+    std::fs::write(&path, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("write {}", path.display()))?;
+    println!("written: {}", path.display());
+    if !leaks.is_empty() {
+        bail!("objects left behind: {}", leaks.join("; "));
+    }
+    Ok(())
+}
+
+/// Warm-up, then the cold and warm phases.
+async fn measure(
+    settings: &Settings,
+    runtime: &Runtime,
+    docker: &Docker,
+    made: &mut Vec<AgentId>,
+) -> Result<(Phase, Phase)> {
+    let mut counter = 0usize;
+    eprintln!("bench sandbox_start: warm-up …");
+    for kind in Kind::ALL {
+        one(kind, runtime, docker, &mut counter, made).await?;
+    }
+    let mut cold = Phase::default();
+    if settings.wants("cold") {
+        eprintln!("bench sandbox_start: cold phase ({} rounds) …", settings.rounds);
+        rounds(settings.rounds, &mut cold, runtime, docker, &mut counter, made).await?;
+    }
+    let mut warm = Phase::default();
+    if settings.wants("warm") {
+        eprintln!("bench sandbox_start: warm phase ({} rounds) …", settings.rounds);
+        let keeper = runtime
+            .create_sandbox(SandboxSpec::default())
+            .await
+            .context("create the sandbox that keeps the holder up")?;
+        made.push(keeper.clone());
+        let measured = rounds(settings.rounds, &mut warm, runtime, docker, &mut counter, made).await;
+        runtime
+            .remove(&keeper)
+            .await
+            .context("remove the keeper sandbox")?;
+        measured?;
+    }
+    Ok((cold, warm))
+}
+
+async fn rounds(
+    count: usize,
+    phase: &mut Phase,
+    runtime: &Runtime,
+    docker: &Docker,
+    counter: &mut usize,
+    made: &mut Vec<AgentId>,
+) -> Result<()> {
+    for round in 0..count {
+        // Rotate the order so no kind always follows another.
+        for k in 0..Kind::ALL.len() {
+            let kind = Kind::ALL[(round + k) % Kind::ALL.len()];
+            settle();
+            let sample = one(kind, runtime, docker, counter, made).await?;
+            eprintln!(
+                "  {:<44} {:>7.1} ms",
+                kind.label(),
+                sample.total.as_secs_f64() * 1e3
+            );
+            phase.samples.push(sample);
+        }
+    }
+    Ok(())
+}
+
+/// Times one start of `kind` (and cleans up after it).
+async fn one(
+    kind: Kind,
+    runtime: &Runtime,
+    docker: &Docker,
+    counter: &mut usize,
+    made: &mut Vec<AgentId>,
+) -> Result<Sample> {
+    *counter += 1;
+    let name = format!("{REFERENCE_PREFIX}-{}-{counter}", std::process::id());
+    let mut timeline = Timeline::default();
+    let t0 = docker_events::now();
+    let clock = Instant::now();
+    timeline.mark("call", t0);
+    let mut sample = Sample {
+        kind,
+        total: Duration::ZERO,
+        timeline: Timeline::default(),
+        agent: None,
+        second_exec: None,
+        remove: None,
+        name: None,
+        window: (t0, t0),
+    };
+    match kind {
+        Kind::DockerRun => {
+            let out = tokio::process::Command::new("docker")
+                .args([
+                    "run", "--rm", "--pull", "never", "--name", &name, DEV_IMAGE, "true",
+                ])
+                .output()
+                .await
+                .context("run the docker CLI")?;
+            sample.total = clock.elapsed();
+            if !out.status.success() {
+                bail!(
+                    "docker run failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            timeline.mark("docker run returns", docker_events::now());
+            sample.name = Some(name);
+        }
+        Kind::DockerApi => {
+            let options = CreateContainerOptionsBuilder::default().name(&name).build();
+            let body = ContainerCreateBody {
+                image: Some(DEV_IMAGE.to_owned()),
+                cmd: Some(vec!["true".to_owned()]),
+                ..Default::default()
+            };
+            docker.create_container(Some(options), body).await?;
+            let outcome = async {
+                docker
+                    .start_container(&name, None::<StartContainerOptions>)
+                    .await?;
+                let mut wait = docker.wait_container(&name, None::<WaitContainerOptions>);
+                while let Some(status) = wait.next().await {
+                    let status = status?;
+                    if status.status_code != 0 {
+                        bail!("`true` exited {}", status.status_code);
+                    }
+                }
+                Ok(())
+            }
+            .await;
+            let remove = RemoveContainerOptionsBuilder::default().force(true).build();
+            docker.remove_container(&name, Some(remove)).await?;
+            sample.total = clock.elapsed();
+            outcome?;
+            timeline.mark("remove returns", docker_events::now());
+            sample.name = Some(name);
+        }
+        Kind::Sandbox => {
+            let agent = runtime.create_sandbox(SandboxSpec::default()).await?;
+            made.push(agent.clone());
+            timeline.mark("create_sandbox returns", docker_events::now());
+            let out = runtime.exec(&agent, &["true"]).await?;
+            sample.total = clock.elapsed();
+            timeline.mark("first exec returns", docker_events::now());
+            if out.exit_code != 0 {
+                bail!(
+                    "`true` in the sandbox exited {}: {}",
+                    out.exit_code,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            let second = Instant::now();
+            runtime.exec(&agent, &["true"]).await?;
+            sample.second_exec = Some(second.elapsed());
+            let removing = Instant::now();
+            runtime.remove(&agent).await?;
+            sample.remove = Some(removing.elapsed());
+            sample.agent = Some(agent);
+        }
+    }
+    sample.window = (t0, docker_events::now());
+    sample.timeline = timeline;
+    Ok(sample)
+}
+
+/// The instance label of this runtime, read from the events of a sandbox it made.
+fn instance_of(recorder: &Recorder, made: &[AgentId]) -> Option<String> {
+    let names: Vec<String> = made.iter().map(|a| format!("agenthold-{a}")).collect();
+    recorder
+        .between(0, i64::MAX)
+        .into_iter()
+        .filter(|e| e.kind == "container" && names.iter().any(|n| n == e.name()))
+        .find_map(|e| e.attributes.get(LABEL_INSTANCE).cloned())
+}
+
+/// Adds the engine events of `sample` to its timeline (only the ones that belong to it).
+fn add_events(sample: &mut Sample, recorder: &Recorder, instance: &str) {
+    let (from, to) = sample.window;
+    let events = recorder.between(from, to);
+    let end = sample
+        .timeline
+        .marks
+        .iter()
+        .map(|(_, at)| *at)
+        .max()
+        .unwrap_or(to);
+    // Only what happened up to the end of the timed part.
+    let events: Vec<Event> = events.into_iter().filter(|e| e.at <= end).collect();
+    let t = &mut sample.timeline;
+    match (sample.kind, &sample.agent, &sample.name) {
+        (Kind::Sandbox, Some(agent), _) => {
+            let own = format!("agenthold-{agent}");
+            let is_holder = |e: &Event| {
+                e.kind == "container"
+                    && e.attributes.get(LABEL_ROLE).map(String::as_str) == Some("gateway")
+                    && e.attributes.get(LABEL_INSTANCE).map(String::as_str) == Some(instance)
+            };
+            t.mark_first("network created", &events, |e| {
+                e.is("network", "create") && e.name() == own
+            });
+            t.mark_first("holder container created", &events, |e| {
+                is_holder(e) && e.is("container", "create")
+            });
+            t.mark_first("holder container started", &events, |e| {
+                is_holder(e) && e.is("container", "start")
+            });
+            t.mark_first("holder joined the network", &events, |e| {
+                e.is("network", "connect") && e.name() == own
+            });
+            t.mark_first("volume created", &events, |e| {
+                e.is("volume", "create") && e.id == own
+            });
+            t.mark_first("container created", &events, |e| {
+                e.is("container", "create") && e.name() == own
+            });
+            t.mark_first("boot files uploaded", &events, |e| {
+                e.is("container", "extract-to-dir") && e.name() == own
+            });
+            t.mark_first("container started", &events, |e| {
+                e.is("container", "start") && e.name() == own
+            });
+            t.mark_first("exec created", &events, |e| {
+                e.is("container", "exec_create") && e.name() == own
+            });
+            t.mark_first("exec started", &events, |e| {
+                e.is("container", "exec_start") && e.name() == own
+            });
+            t.mark_first("exec process exited", &events, |e| {
+                e.is("container", "exec_die") && e.name() == own
+            });
+        }
+        (_, _, Some(name)) => {
+            let id = events
+                .iter()
+                .find(|e| e.is("container", "create") && e.name() == name)
+                .map(|e| e.id.clone())
+                .unwrap_or_default();
+            let own = |e: &Event| e.kind == "container" && e.name() == name;
+            t.mark_first("container created", &events, |e| {
+                own(e) && e.is("container", "create")
+            });
+            t.mark_first("network connected", &events, |e| {
+                e.is("network", "connect") && e.attributes.get("container") == Some(&id)
+            });
+            t.mark_first("container started", &events, |e| {
+                own(e) && e.is("container", "start")
+            });
+            t.mark_first("container died", &events, |e| own(e) && e.is("container", "die"));
+            t.mark_first("network disconnected", &events, |e| {
+                e.is("network", "disconnect") && e.attributes.get("container") == Some(&id)
+            });
+            t.mark_first("container destroyed", &events, |e| {
+                own(e) && e.is("container", "destroy")
+            });
+        }
+        _ => {}
+    }
+}
+
+/// Everything of this run's instance still in the engine or the host firewall.
+async fn leaks(docker: &Docker, instance: &str, made: &[AgentId]) -> Result<Vec<String>> {
+    let label = HashMap::from([("label".to_owned(), vec![format!("{LABEL_INSTANCE}={instance}")])]);
+    let mut left = Vec::new();
+    let containers = docker
+        .list_containers(Some(
+            ListContainersOptionsBuilder::default()
+                .all(true)
+                .filters(&label)
+                .build(),
+        ))
+        .await?;
+    left.extend(containers.iter().map(|c| format!("container {:?}", c.names)));
+    let networks = docker
+        .list_networks(Some(
+            ListNetworksOptionsBuilder::default().filters(&label).build(),
+        ))
+        .await?;
+    left.extend(networks.iter().map(|n| format!("network {:?}", n.name)));
+    let volumes = docker
+        .list_volumes(Some(ListVolumesOptionsBuilder::default().filters(&label).build()))
+        .await?;
+    left.extend(
+        volumes
+            .volumes
+            .unwrap_or_default()
+            .iter()
+            .map(|v| format!("volume {}", v.name)),
+    );
+    let prefix = HashMap::from([("name".to_owned(), vec![REFERENCE_PREFIX.to_owned()])]);
+    let reference = docker
+        .list_containers(Some(
+            ListContainersOptionsBuilder::default()
+                .all(true)
+                .filters(&prefix)
+                .build(),
+        ))
+        .await?;
+    left.extend(
+        reference
+            .iter()
+            .map(|c| format!("reference container {:?}", c.names)),
+    );
+    if agenthold_sandbox::hostfw::host_table_exists(instance) {
+        left.push(format!(
+            "host nftables table {}",
+            agenthold_sandbox::hostfw::host_table(instance)
+        ));
+    }
+    for agent in made {
+        // The bridge name depends on the agent only.
+        let net = AgentNetwork::for_agent(agent, "10.0.0.0/24".parse()?);
+        if agenthold_sandbox::hostfw::bridge_allowed(&net.bridge) {
+            left.push(format!("DOCKER-USER rules for {}", net.bridge));
+        }
+    }
+    Ok(left)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Milliseconds for a table cell, one decimal.
+fn ms_cell(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
+}
+
+fn summary_table(cold: &Phase, warm: &Phase, build_time: Duration) -> String {
+    let mut rows = Vec::new();
+    for (name, phase) in [
+        ("cold: first sandbox, holder made too", cold),
+        ("warm: holder already up", warm),
+    ] {
+        if phase.samples.is_empty() {
+            continue;
+        }
+        let ratio = phase.ratio(Kind::DockerRun);
+        let verdict = match ratio {
+            Some(r) if r <= TARGET_RATIO => format!("<= {TARGET_RATIO} ok"),
+            Some(_) => format!("<= {TARGET_RATIO} MISSED"),
+            None => "-".to_owned(),
+        };
+        let extra = |f: fn(&Sample) -> Option<Duration>| {
+            median(&phase.of(Kind::Sandbox).filter_map(f).map(ms).collect::<Vec<_>>())
+        };
+        rows.push(vec![
+            name.to_owned(),
+            ms_cell(median(&phase.totals_ms(Kind::DockerRun))),
+            ms_cell(median(&phase.totals_ms(Kind::DockerApi))),
+            ms_cell(median(&phase.totals_ms(Kind::Sandbox))),
+            num(ratio),
+            num(phase.ratio(Kind::DockerApi)),
+            verdict,
+            ms_cell(extra(|s| s.second_exec)),
+            ms_cell(extra(|s| s.remove)),
+            format!("{}", phase.of(Kind::Sandbox).count()),
+        ]);
+    }
+    let mut out = render(
+        &[
+            "phase",
+            "docker run --rm (CLI) ms",
+            "engine API create+start+wait+rm ms",
+            "create_sandbox + 1st exec ms",
+            "ours/docker run",
+            "ours/API",
+            "target",
+            "2nd exec ms",
+            "remove ms",
+            "rounds",
+        ],
+        &rows,
+        &[1, 2, 3, 4, 5, 7, 8, 9],
+    );
+    out.push_str(&format!(
+        "  medians; ratios are medians of per-round ratios; Runtime::build took {:.0} ms (once, not counted)\n",
+        ms(build_time)
+    ));
+    out
+}
+
+/// Median duration per phase (named by the instant that ends it), in the order they happen.
+fn phase_stats(phase: &Phase, kind: Kind) -> Vec<(String, f64, f64, usize)> {
+    let mut durations: HashMap<String, Vec<f64>> = HashMap::new();
+    let mut offsets: HashMap<String, Vec<f64>> = HashMap::new();
+    for sample in phase.of(kind) {
+        let start = sample.timeline.marks.iter().map(|(_, at)| *at).min().unwrap_or(0);
+        for (name, d) in sample.timeline.phases() {
+            durations.entry(name.clone()).or_default().push(ms(d));
+        }
+        for (name, at) in &sample.timeline.marks {
+            offsets
+                .entry(name.clone())
+                .or_default()
+                .push(ms(docker_events::nanos(at - start)));
+        }
+    }
+    let mut stats: Vec<(String, f64, f64, usize)> = durations
+        .into_iter()
+        .map(|(name, d)| {
+            let at = median(offsets.get(&name).map_or(&[][..], Vec::as_slice)).unwrap_or(0.0);
+            let n = d.len();
+            (name, median(&d).unwrap_or(0.0), at, n)
+        })
+        .collect();
+    stats.sort_by(|a, b| a.2.total_cmp(&b.2));
+    stats
+}
+
+/// What each phase covers (the calls between the instant before it and the one that ends it), from the code.
+fn covers(kind: Kind, name: &str) -> &'static str {
+    if kind != Kind::Sandbox {
+        return match name {
+            "container created" => "CLI start, create request",
+            "network connected" => "bridge endpoint allocated",
+            "container started" => "start (veth, iptables, runc)",
+            "container died" => "`true` runs",
+            "network disconnected" | "container destroyed" => "--rm: endpoint removed, container removed",
+            "docker run returns" | "remove returns" => "the client sees the removal",
+            _ => "",
+        };
+    }
+    match name {
+        "network created" => "require_image, list networks (subnet), inspect + create network",
+        "holder container created" => {
+            "record saved; iptables DOCKER-USER (4 calls), nft host table; holder inspect + create"
+        }
+        "holder container started" => "holder start",
+        "holder joined the network" => {
+            "(warm: record, iptables, nft, holder inspect) `ip addr` in holder ns, disconnect none, network connect"
+        }
+        "volume created" => {
+            "ip route del / ip addr add .2, nft ruleset in holder ns, listeners bound; create volume"
+        }
+        "container created" => "create container",
+        "boot files uploaded" => "token saved in the store, tar packed, upload (PUT archive)",
+        "container started" => "start container (veth, runc)",
+        "create_sandbox returns" => "start request returns",
+        "exec created" => "create exec",
+        "exec started" => "start exec (attach)",
+        "exec process exited" => "sandboxd run -- true",
+        "first exec returns" => "output drained, inspect exec (20 ms sleeps while running)",
+        _ => "",
+    }
+}
+
+fn phase_table(phase: &Phase, kind: Kind) -> String {
+    let stats = phase_stats(phase, kind);
+    let rows: Vec<Vec<String>> = stats
+        .iter()
+        .map(|(name, d, at, n)| {
+            vec![
+                format!("… {name}"),
+                format!("{d:.1}"),
+                format!("{at:.1}"),
+                n.to_string(),
+                covers(kind, name).to_owned(),
+            ]
+        })
+        .collect();
+    render(
+        &["phase ends when", "median ms", "at ms", "n", "covers"],
+        &rows,
+        &[1, 2, 3],
+    )
+}
+
+fn phase_json(phase: &Phase) -> Value {
+    let mut kinds = serde_json::Map::new();
+    for kind in Kind::ALL {
+        let samples: Vec<Value> = phase
+            .of(kind)
+            .map(|s| {
+                json!({
+                    "total_ms": ms(s.total),
+                    "second_exec_ms": s.second_exec.map(ms),
+                    "remove_ms": s.remove.map(ms),
+                    "phases_ms": s.timeline.phases().into_iter().map(|(n, d)| json!([n, ms(d)])).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        if samples.is_empty() {
+            continue;
+        }
+        kinds.insert(
+            kind.key().to_owned(),
+            json!({
+                "label": kind.label(),
+                "median_ms": median(&phase.totals_ms(kind)),
+                "samples": samples,
+                "phases_median_ms": phase_stats(phase, kind).into_iter().map(|(n, d, at, count)| json!({"ends_when": n, "median_ms": d, "at_ms": at, "n": count})).collect::<Vec<_>>(),
+            }),
+        );
+    }
+    json!({
+        "kinds": kinds,
+        "ratio_sandbox_vs_docker_run": phase.ratio(Kind::DockerRun),
+        "ratio_sandbox_vs_docker_api": phase.ratio(Kind::DockerApi),
+        "meets_target": phase.ratio(Kind::DockerRun).map(|r| r <= TARGET_RATIO),
+    })
+}
+
+/// Engine steps alone, through bollard: `(step, every run in ms)`, in table order.
+type EngineSteps = Vec<(String, Vec<f64>)>;
+
+const STEP_NET_CREATE: &str = "create an internal network (inhibit_ipv4, bridge name, .2 gateway)";
+const STEP_NET_REMOVE: &str = "remove that network";
+const STEP_START_BRIDGE: &str = "start a container on the default bridge";
+const STEP_START_USER: &str = "start a container on that internal user-defined network";
+const STEP_START_NONE: &str = "start a container with network none";
+
+/// Times network create/remove and container starts on three kinds of network, `rounds` times,
+/// interleaved; removes everything it made (reference names, see [`REFERENCE_PREFIX`]).
+async fn engine_steps(docker: &Docker, pool: ipnet::Ipv4Net, rounds: usize) -> Result<EngineSteps> {
+    let mut steps: EngineSteps = [
+        STEP_NET_CREATE,
+        STEP_NET_REMOVE,
+        STEP_START_BRIDGE,
+        STEP_START_USER,
+        STEP_START_NONE,
+    ]
+    .iter()
+    .map(|s| ((*s).to_owned(), Vec::new()))
+    .collect();
+    let push = |steps: &mut EngineSteps, name: &str, d: Duration| {
+        if let Some((_, runs)) = steps.iter_mut().find(|(n, _)| n == name) {
+            runs.push(ms(d));
+        }
+    };
+    let pid = std::process::id();
+    for round in 0..rounds {
+        let subnet = agenthold_sandbox::network::allocate_subnet(docker, pool, &Default::default()).await?;
+        let network = format!("{REFERENCE_PREFIX}-net-{pid}-{round}");
+        let gateway = {
+            let [a, b, c, _] = subnet.network().octets();
+            std::net::Ipv4Addr::new(a, b, c, 2)
+        };
+        let request = NetworkCreateRequest {
+            name: network.clone(),
+            driver: Some("bridge".to_owned()),
+            internal: Some(true),
+            ipam: Some(Ipam {
+                driver: Some("default".to_owned()),
+                config: Some(vec![IpamConfig {
+                    subnet: Some(subnet.to_string()),
+                    gateway: Some(gateway.to_string()),
+                    ..Default::default()
+                }]),
+                options: None,
+            }),
+            options: Some(HashMap::from([
+                (
+                    "com.docker.network.bridge.name".to_owned(),
+                    format!("ahb{:x}", (pid << 4) ^ round as u32),
+                ),
+                (
+                    "com.docker.network.bridge.inhibit_ipv4".to_owned(),
+                    "true".to_owned(),
+                ),
+            ])),
+            ..Default::default()
+        };
+        settle();
+        let clock = Instant::now();
+        docker
+            .create_network(request)
+            .await
+            .context("create the experiment's network")?;
+        push(&mut steps, STEP_NET_CREATE, clock.elapsed());
+        let starts = async {
+            let modes = [
+                (STEP_START_BRIDGE, "bridge"),
+                (STEP_START_USER, network.as_str()),
+                (STEP_START_NONE, "none"),
+            ];
+            for k in 0..modes.len() {
+                let (step, mode) = modes[(round + k) % modes.len()];
+                let name = format!("{REFERENCE_PREFIX}-{pid}-{round}-{k}");
+                let body = ContainerCreateBody {
+                    image: Some(DEV_IMAGE.to_owned()),
+                    cmd: Some(vec!["true".to_owned()]),
+                    host_config: Some(HostConfig {
+                        network_mode: Some(mode.to_owned()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                };
+                docker
+                    .create_container(
+                        Some(CreateContainerOptionsBuilder::default().name(&name).build()),
+                        body,
+                    )
+                    .await?;
+                settle();
+                let clock = Instant::now();
+                let started = docker.start_container(&name, None::<StartContainerOptions>).await;
+                let took = clock.elapsed();
+                let mut wait = docker.wait_container(&name, None::<WaitContainerOptions>);
+                while wait.next().await.is_some() {}
+                let remove = RemoveContainerOptionsBuilder::default().force(true).build();
+                docker.remove_container(&name, Some(remove)).await?;
+                started?;
+                push(&mut steps, step, took);
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        let clock = Instant::now();
+        let removed = docker.remove_network(&network).await;
+        push(&mut steps, STEP_NET_REMOVE, clock.elapsed());
+        starts?;
+        removed?;
+    }
+    Ok(steps)
+}
+
+fn engine_table(steps: &EngineSteps) -> String {
+    let rows: Vec<Vec<String>> = steps
+        .iter()
+        .map(|(name, runs)| vec![name.clone(), ms_cell(median(runs)), runs.len().to_string()])
+        .collect();
+    render(&["engine step (bollard)", "median ms", "n"], &rows, &[1, 2])
+}
