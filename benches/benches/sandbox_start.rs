@@ -22,7 +22,12 @@
 //! removing an internal network like an agent's, and starting the same container on the default bridge,
 //! on such a user-defined network, and with no network, to say what of a sandbox start is Docker's own.
 //!
-//! `BENCH_ROUNDS`, `BENCH_JSON` (default `target/bench-sandbox-start.json`), `BENCH_ONLY=cold,warm,engine`.
+//! A fourth part starts a second runtime with `warm_pool(1)` (`sandbox.warm_pool`) once the first is shut
+//! down: each round waits, untimed, until a sandbox is ready, then times `create_sandbox` + first exec as
+//! above (the hand-out), next to `docker run --rm` of the same round.
+//!
+//! `BENCH_ROUNDS`, `BENCH_JSON` (default `target/bench-sandbox-start.json`),
+//! `BENCH_ONLY=cold,warm,engine,pool`.
 // A benchmark's output is its table on stdout.
 #![allow(clippy::print_stdout)]
 
@@ -251,11 +256,22 @@ async fn bench(settings: &Settings) -> Result<()> {
             add_events(sample, &recorder, &instance);
         }
     }
-    let leaks = leaks(&docker, &instance, &made).await?;
+    let mut leaks = leaks(&docker, &instance, &made).await?;
     drop(runtime);
+    let pooled = if settings.wants("pool") {
+        eprintln!("bench sandbox_start: warm pool ({} rounds) …", settings.rounds);
+        let pooled = pool_phase(settings.rounds, &docker).await?;
+        leaks.extend(pooled.leaks.iter().cloned());
+        Some(pooled)
+    } else {
+        None
+    };
 
     println!();
-    println!("{}", summary_table(&cold, &warm, build_time));
+    println!(
+        "{}",
+        summary_table(&cold, &warm, pooled.as_ref().map(|p| &p.phase), build_time)
+    );
     for (name, phase) in [
         ("cold (first sandbox: holder created too)", &cold),
         ("warm (holder running)", &warm),
@@ -302,6 +318,7 @@ async fn bench(settings: &Settings) -> Result<()> {
         "engine_steps_ms": engine.as_ref().map(|e| e.iter().map(|(k, v)| (k.clone(), json!({"median": median(v), "runs": v}))).collect::<serde_json::Map<_, _>>()),
         "cold": phase_json(&cold),
         "warm": phase_json(&warm),
+        "warm_pool": pooled.as_ref().map(|p| phase_json(&p.phase)),
         "target_ratio": TARGET_RATIO,
     });
     let path = std::env::var_os("BENCH_JSON")
@@ -313,6 +330,67 @@ async fn bench(settings: &Settings) -> Result<()> {
         bail!("objects left behind: {}", leaks.join("; "));
     }
     Ok(())
+}
+
+/// The warm-pool part: its samples and what its runtime left behind.
+struct PoolPhase {
+    phase: Phase,
+    leaks: Vec<String>,
+}
+
+/// How long a round waits for the pool to refill before giving up.
+const POOL_PATIENCE: Duration = Duration::from_secs(120);
+
+/// A runtime with `warm_pool(1)` on its own data directory: per round, once a sandbox is ready, the
+/// hand-out (`create_sandbox` + first exec) and `docker run --rm`, in rotating order.
+async fn pool_phase(rounds: usize, docker: &Docker) -> Result<PoolPhase> {
+    let data_dir = tempfile::tempdir().context("data directory")?;
+    let instance = agenthold_sandbox::engine::instance_label(data_dir.path());
+    let runtime = Runtime::builder()
+        .data_dir(data_dir.path())
+        .warm_pool(1)
+        .build()
+        .await?;
+    let mut phase = Phase::default();
+    let mut made = Vec::new();
+    // Numbered apart from the first part's reference containers.
+    let mut counter = 1_000_000usize;
+    let outcome = async {
+        for round in 0..=rounds {
+            for k in 0..2 {
+                let kind = [Kind::Sandbox, Kind::DockerRun][(round + k) % 2];
+                let waited = Instant::now();
+                while runtime.warm_pool_ready() == 0 {
+                    if waited.elapsed() > POOL_PATIENCE {
+                        bail!("the warm pool did not refill in {POOL_PATIENCE:?}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                settle();
+                let sample = one(kind, &runtime, docker, &mut counter, &mut made).await?;
+                // Round 0 is the warm-up.
+                if round > 0 {
+                    eprintln!(
+                        "  {:<44} {:>7.1} ms",
+                        kind.label(),
+                        sample.total.as_secs_f64() * 1e3
+                    );
+                    phase.samples.push(sample);
+                }
+            }
+        }
+        Ok(())
+    }
+    .await;
+    for agent in runtime.sandboxes().await.unwrap_or_default() {
+        if let Err(e) = runtime.remove(&agent).await {
+            eprintln!("bench sandbox_start: removing {agent} failed: {e}");
+        }
+    }
+    runtime.shutdown().await;
+    outcome?;
+    let leaks = leaks(docker, &instance, &made).await?;
+    Ok(PoolPhase { phase, leaks })
 }
 
 /// Warm-up, then the cold and warm phases.
@@ -638,11 +716,13 @@ fn ms_cell(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
 }
 
-fn summary_table(cold: &Phase, warm: &Phase, build_time: Duration) -> String {
+fn summary_table(cold: &Phase, warm: &Phase, pooled: Option<&Phase>, build_time: Duration) -> String {
     let mut rows = Vec::new();
+    let none = Phase::default();
     for (name, phase) in [
         ("cold: first sandbox, holder made too", cold),
         ("warm: holder already up", warm),
+        ("warm pool (1): hand-out", pooled.unwrap_or(&none)),
     ] {
         if phase.samples.is_empty() {
             continue;

@@ -132,6 +132,10 @@ pub struct SandboxConfig {
     /// IPv4 pool the agent networks are taken from, one `/24` each; the prefix must be at most 24.
     /// Default: `10.213.0.0/16`.
     pub subnet_pool: Ipv4Net,
+    /// Sandboxes kept created and started, ready to hand out (no egress until handed out). Only plain
+    /// specs use them: the default image, runtime and limits, no environment, secrets or labels. Default:
+    /// `0` (off).
+    pub warm_pool: usize,
 }
 
 impl Default for SandboxConfig {
@@ -143,6 +147,7 @@ impl Default for SandboxConfig {
             memory_bytes: 2 * 1024 * 1024 * 1024,
             pids: 512,
             subnet_pool: Ipv4Net::new_assert(std::net::Ipv4Addr::new(10, 213, 0, 0), 16),
+            warm_pool: 0,
         }
     }
 }

@@ -420,7 +420,7 @@ fn every_key_has_a_variable() {
     ] {
         assert!(vars.contains(&(var.to_owned(), key.to_owned())), "{var}");
     }
-    assert_eq!(vars.len(), 1 + 11 + 1 + 6 + 1);
+    assert_eq!(vars.len(), 1 + 11 + 1 + 7 + 1);
     // The master key variable is not a configuration key, so it can never be mistaken for one.
     assert!(vars.iter().all(|(var, _)| var != "AGENTHOLD_MASTER_KEY"));
 }

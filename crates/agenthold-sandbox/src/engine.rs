@@ -3,9 +3,11 @@
 //! it creates so that it can find them again (reconcile, cleanup) and never touches anything else.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use agenthold_core::AgentId;
 use bollard::Docker;
+use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
@@ -17,6 +19,15 @@ pub const LABEL_INSTANCE: &str = "agenthold.instance";
 pub const LABEL_AGENT: &str = "agenthold.agent";
 /// Label naming an object's role (`sandbox`, `gateway`, `network`, `volume`).
 pub const LABEL_ROLE: &str = "agenthold.role";
+
+/// The [`LABEL_INSTANCE`] value of a runtime on `data_dir`: the first 12 hex digits of the SHA-256 of its
+/// path, so that a restart on the same directory finds its objects again and another directory never does.
+#[must_use]
+pub fn instance_label(data_dir: &Path) -> String {
+    let mut hex = hex::encode(Sha256::digest(data_dir.display().to_string().as_bytes()));
+    hex.truncate(12);
+    hex
+}
 
 /// A connected, version-negotiated engine.
 #[derive(Debug, Clone)]

@@ -210,8 +210,11 @@ fn percent_encode(bytes: &[u8]) -> String {
 
 /// Whether the request head mentions the placeholder prefix at all (the common case is no).
 fn mentions_placeholders(head: &RequestHead) -> bool {
-    let prefix = PLACEHOLDER_PREFIX.as_bytes();
-    contains(head.path_and_query.as_bytes(), prefix) || head.headers.iter().any(|(_, v)| contains(v, prefix))
+    // Built once: this runs on every request of every agent with secrets.
+    static PREFIX: std::sync::LazyLock<memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memmem::Finder::new(PLACEHOLDER_PREFIX.as_bytes()));
+    PREFIX.find(head.path_and_query.as_bytes()).is_some()
+        || head.headers.iter().any(|(_, v)| PREFIX.find(v).is_some())
 }
 
 fn carries(head: &RequestHead, placeholder: &str) -> bool {
@@ -262,7 +265,8 @@ impl SecretInjector for SecretTable {
         }
         // The leak guard: a placeholder heading anywhere its secret may not go.
         let mut leaked = Vec::new();
-        if mentions_placeholders(head) {
+        let mentions = mentions_placeholders(head);
+        if mentions {
             for s in secrets.iter() {
                 let may_go = tls_host.is_some() && s.spec.covers(&head.host);
                 if !may_go && carries(head, &s.placeholder) {
@@ -290,7 +294,9 @@ impl SecretInjector for SecretTable {
                 let did = match &rule.kind {
                     RuleKind::Header { header, template } => {
                         inject_header(head, header, &template.render(s.spec.value.expose()));
-                        replace_everywhere(head, &s.placeholder, s.spec.value.expose());
+                        if mentions {
+                            replace_everywhere(head, &s.placeholder, s.spec.value.expose());
+                        }
                         true
                     }
                     RuleKind::Login {

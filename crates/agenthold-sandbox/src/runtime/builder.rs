@@ -39,6 +39,7 @@ pub struct RuntimeBuilder {
     store: Option<Arc<dyn Store>>,
     dns_upstream: Option<SocketAddr>,
     dangerous: Dangerous,
+    warm_pool: Option<usize>,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -106,6 +107,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Keep this many plain sandboxes ready (default `sandbox.warm_pool`; see `docs/configuration.md`).
+    #[must_use]
+    pub fn warm_pool(mut self, size: usize) -> Self {
+        self.warm_pool = Some(size);
+        self
+    }
+
     /// Weaken the gateway for tests (see [`Dangerous`]).
     #[must_use]
     pub fn dangerous(mut self, dangerous: Dangerous) -> Self {
@@ -168,10 +176,10 @@ impl RuntimeBuilder {
         let (sandbox, docker): (Arc<dyn Sandbox>, Option<Arc<DockerSandbox>>) = match self.sandbox {
             Some(s) => (s, None),
             None => {
-                let instance = hex::encode(Sha256::digest(data_dir.display().to_string().as_bytes()));
+                let instance = crate::engine::instance_label(&data_dir);
                 let engine = match self.docker {
-                    Some(d) => Engine::from_docker(d, &instance[..12]).await?,
-                    None => Engine::connect(&instance[..12]).await?,
+                    Some(d) => Engine::from_docker(d, &instance).await?,
+                    None => Engine::connect(&instance).await?,
                 };
                 let docker_config = docker_config(&config, &engine, &data_dir, ca.cert_pem()).await?;
                 let docker = Arc::new(DockerSandbox::new(
@@ -184,6 +192,21 @@ impl RuntimeBuilder {
                 (Arc::clone(&docker) as Arc<dyn Sandbox>, Some(docker))
             }
         };
+        let cancel = CancellationToken::new();
+        let warm = self.warm_pool.unwrap_or(config.sandbox.warm_pool);
+        // The pool needs the default policies (its sandboxes refuse everything until handed out) and the
+        // Docker runtime (its agents are plain Docker sandboxes).
+        let pool = match (&policies, &docker) {
+            (Some(p), Some(_)) if warm > 0 => Some(super::pool::Pool::new(
+                warm,
+                config.sandbox.image.clone(),
+                Arc::clone(&sandbox),
+                Arc::clone(p),
+                Arc::clone(&store),
+                cancel.child_token(),
+            )),
+            _ => None,
+        };
         let runtime = Runtime {
             config,
             store,
@@ -195,9 +218,13 @@ impl RuntimeBuilder {
             sandbox,
             docker,
             tunnel,
-            cancel: CancellationToken::new(),
+            pool,
+            cancel,
         };
         runtime.restore().await?;
+        if let Some(pool) = &runtime.pool {
+            pool.refill();
+        }
         Ok(runtime)
     }
 }
@@ -269,7 +296,12 @@ fn persist_refreshed(store: &Arc<dyn Store>, vault: &Arc<Vault>) -> agenthold_co
 impl Runtime {
     /// Rebuild policies and secrets from the store, then restore the sandboxes' datapath (S12).
     async fn restore(&self) -> Result<()> {
+        let mut leftover_pool = Vec::new();
         for (agent, record) in records::RECORDS.list(self.store.as_ref()).await? {
+            if record.pooled {
+                leftover_pool.push(agent);
+                continue;
+            }
             if let Some(p) = &self.policies {
                 p.set(agent.clone(), record.spec.policy.clone());
             }
@@ -283,6 +315,18 @@ impl Runtime {
                 tracing::info!(agents = report.restored.len(), "reconciled running sandboxes");
             }
             docker.watch(self.cancel.clone());
+        }
+        // Pooled sandboxes of a previous run were never handed out: remove them (the pool refills).
+        for agent in leftover_pool {
+            if let Some(p) = &self.policies {
+                p.set(
+                    agent.clone(),
+                    agenthold_core::NetworkPolicy::allowlist(Vec::new()),
+                );
+                super::pool::remove_pooled(self.sandbox.as_ref(), p, self.store.as_ref(), &agent).await;
+            } else if let Err(e) = self.sandbox.remove(&agent, false).await {
+                tracing::warn!(agent = %agent, error = %e, "cannot remove a pooled sandbox of a previous run");
+            }
         }
         Ok(())
     }

@@ -16,6 +16,7 @@
 //! ```
 
 mod builder;
+mod pool;
 mod records;
 
 use std::sync::Arc;
@@ -50,6 +51,8 @@ pub struct Runtime {
     sandbox: Arc<dyn Sandbox>,
     docker: Option<Arc<DockerSandbox>>,
     tunnel: Arc<TunnelServer>,
+    /// The warm pool (`sandbox.warm_pool` > 0, default policies, Docker runtime).
+    pool: Option<Arc<pool::Pool>>,
     cancel: CancellationToken,
 }
 
@@ -91,9 +94,39 @@ impl Runtime {
     /// # Errors
     /// When the spec is invalid (unknown image, bad secrets), or the engine fails; nothing is left behind.
     pub async fn create_sandbox(&self, spec: SandboxSpec) -> Result<AgentId> {
+        if let Some(agent) = self.take_pooled(&spec).await? {
+            return Ok(agent);
+        }
         let agent = AgentId::random();
         self.create_sandbox_with_id(&agent, spec).await?;
         Ok(agent)
+    }
+
+    /// Hand out a warm-pool sandbox for `spec`, if it fits one and one is ready: its policy becomes the
+    /// spec's and its record the caller's.
+    async fn take_pooled(&self, spec: &SandboxSpec) -> Result<Option<AgentId>> {
+        let (Some(pool), Some(policies)) = (&self.pool, &self.policies) else {
+            return Ok(None);
+        };
+        validate(spec)?;
+        if !pool.fits(spec) {
+            return Ok(None);
+        }
+        let Some(agent) = pool.take() else {
+            pool.refill();
+            return Ok(None);
+        };
+        pool.refill();
+        let record = records::AgentRecord {
+            spec: spec.clone(),
+            secrets: Vec::new(),
+            pooled: false,
+        };
+        records::RECORDS
+            .save(self.store.as_ref(), &agent, &record)
+            .await?;
+        policies.set(agent.clone(), spec.policy.clone());
+        Ok(Some(agent))
     }
 
     /// Create and start a sandbox for `agent`.
@@ -236,6 +269,7 @@ impl Runtime {
             .list(self.store.as_ref())
             .await?
             .into_iter()
+            .filter(|(_, r)| !r.pooled)
             .map(|(a, _)| a)
             .collect())
     }
@@ -292,6 +326,9 @@ impl Runtime {
     /// again on the same data directory takes them over (reconcile).
     pub async fn shutdown(&self) {
         self.cancel.cancel();
+        if let Some(pool) = &self.pool {
+            pool.drain().await;
+        }
         self.gateway.shutdown(Duration::from_secs(2)).await;
     }
 
@@ -299,6 +336,12 @@ impl Runtime {
         self.docker.as_ref().ok_or_else(|| Error::Unavailable {
             problem: "streaming exec needs the Docker sandbox runtime".into(),
         })
+    }
+
+    /// Warm-pool sandboxes ready to hand out right now (0 without a pool).
+    #[must_use]
+    pub fn warm_pool_ready(&self) -> usize {
+        self.pool.as_ref().map_or(0, |p| p.len())
     }
 
     /// The default secret table (absent with a custom injector).

@@ -30,6 +30,9 @@ pub(crate) struct StoredSecret {
 pub(crate) struct AgentRecord {
     pub(crate) spec: SandboxSpec,
     pub(crate) secrets: Vec<StoredSecret>,
+    /// A warm-pool sandbox not handed out yet.
+    #[serde(default)]
+    pub(crate) pooled: bool,
 }
 
 /// The vault id of `agent`'s secret `name`: values sealed for one agent or name never open for another.
@@ -65,6 +68,7 @@ impl AgentRecord {
         Ok(Self {
             spec: spec.clone(),
             secrets: stored,
+            pooled: false,
         })
     }
 

@@ -12,6 +12,7 @@ mod gateway;
 mod gvisor;
 mod leaks;
 mod lifecycle;
+mod pool;
 mod probe;
 mod reconcile;
 mod regressions;

@@ -23,7 +23,6 @@ use agenthold_sandbox::image::{DevImageOptions, ImageRef, ensure_dev_image};
 use agenthold_testsupport::{EchoServer, TestCa, TestDns};
 use bollard::Docker;
 use futures_util::FutureExt;
-use sha2::Digest;
 
 pub use crate::engine::{container, engine_objects, network, sweep};
 
@@ -146,9 +145,9 @@ pub fn spec() -> SandboxSpec {
     }
 }
 
-/// The installation label a runtime on `data_dir` puts on its objects (as the runtime derives it).
+/// The installation label a runtime on `data_dir` puts on its objects.
 pub fn instance_of(data_dir: &Path) -> String {
-    hex::encode(sha2::Sha256::digest(data_dir.display().to_string().as_bytes()))[..12].to_owned()
+    agenthold_sandbox::engine::instance_label(data_dir)
 }
 
 /// A runtime on its own data directory, with its upstreams.

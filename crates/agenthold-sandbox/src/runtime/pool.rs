@@ -1,0 +1,188 @@
+//! The warm pool (`sandbox.warm_pool`): sandboxes created and started ahead of time, so that handing one
+//! out costs a policy update instead of a network, a container and a start.
+//!
+//! A pooled sandbox is a real agent with its own network, volume and container, made from the plain spec
+//! (default image, runtime and limits; no environment, secrets or labels), and its policy refuses
+//! everything until it is handed out, when the caller's policy replaces it. Only plain specs take one:
+//! environment variables and placeholders are fixed when a container is created. Pooled agents are not
+//! listed, are removed on shutdown, and a restarted runtime removes the ones a previous run left.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use agenthold_core::policy::{NetworkPolicy, PolicyTable};
+use agenthold_core::sandbox::SandboxSpec;
+use agenthold_core::{AgentId, Sandbox, Store};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::records::{AgentRecord, RECORDS};
+
+/// What the pool needs from the runtime.
+pub(crate) struct Pool {
+    size: usize,
+    image: String,
+    ready: Mutex<VecDeque<AgentId>>,
+    /// Creations in flight.
+    filling: AtomicUsize,
+    /// Signalled whenever a creation ends.
+    settled: Notify,
+    sandbox: Arc<dyn Sandbox>,
+    policies: Arc<PolicyTable>,
+    store: Arc<dyn Store>,
+    cancel: CancellationToken,
+}
+
+impl Pool {
+    pub(crate) fn new(
+        size: usize,
+        image: String,
+        sandbox: Arc<dyn Sandbox>,
+        policies: Arc<PolicyTable>,
+        store: Arc<dyn Store>,
+        cancel: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            size,
+            image,
+            ready: Mutex::new(VecDeque::new()),
+            filling: AtomicUsize::new(0),
+            settled: Notify::new(),
+            sandbox,
+            policies,
+            store,
+            cancel,
+        })
+    }
+
+    fn ready(&self) -> std::sync::MutexGuard<'_, VecDeque<AgentId>> {
+        self.ready.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The spec pooled sandboxes are made from.
+    fn spec(&self) -> SandboxSpec {
+        SandboxSpec {
+            image: self.image.clone(),
+            policy: deny_all(),
+            ..SandboxSpec::default()
+        }
+    }
+
+    /// Whether a sandbox made from the plain spec can stand in for one made from `spec`.
+    pub(crate) fn fits(&self, spec: &SandboxSpec) -> bool {
+        spec.image == self.image
+            && spec.env.is_empty()
+            && spec.secrets.is_empty()
+            && spec.labels.is_empty()
+            && spec.cpus.is_none()
+            && spec.memory_bytes.is_none()
+            && spec.pids.is_none()
+            && spec.runtime.is_none()
+    }
+
+    /// A ready sandbox, if there is one.
+    pub(crate) fn take(&self) -> Option<AgentId> {
+        self.ready().pop_front()
+    }
+
+    /// Sandboxes ready to hand out.
+    pub(crate) fn len(&self) -> usize {
+        self.ready().len()
+    }
+
+    /// Start creating sandboxes until the pool (ready plus in flight) is full again.
+    pub(crate) fn refill(self: &Arc<Self>) {
+        loop {
+            let filling = self.filling.load(Ordering::SeqCst);
+            if self.cancel.is_cancelled() || self.ready().len() + filling >= self.size {
+                return;
+            }
+            if self
+                .filling
+                .compare_exchange(filling, filling + 1, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                continue;
+            }
+            let pool = Arc::clone(self);
+            tokio::spawn(async move {
+                // A creation runs to its end even on shutdown: dropping it halfway would leave Docker
+                // objects no record names. `drain` waits for it and removes what it made.
+                if let Some(agent) = pool.make_one().await {
+                    pool.ready().push_back(agent);
+                }
+                pool.filling.fetch_sub(1, Ordering::SeqCst);
+                pool.settled.notify_waiters();
+            });
+        }
+    }
+
+    async fn make_one(&self) -> Option<AgentId> {
+        let agent = AgentId::random();
+        let spec = self.spec();
+        self.policies.set(agent.clone(), deny_all());
+        let record = AgentRecord {
+            spec: spec.clone(),
+            secrets: Vec::new(),
+            pooled: true,
+        };
+        if let Err(e) = RECORDS.save(self.store.as_ref(), &agent, &record).await {
+            tracing::warn!(error = %e, "warm pool: cannot record a sandbox");
+            self.policies.remove(&agent);
+            return None;
+        }
+        match self.sandbox.create(&agent, &spec).await {
+            Ok(_) => Some(agent),
+            Err(e) => {
+                tracing::warn!(error = %e, "warm pool: cannot create a sandbox");
+                self.policies.remove(&agent);
+                let _ = RECORDS.delete(self.store.as_ref(), &agent).await;
+                None
+            }
+        }
+    }
+
+    /// Remove every pooled sandbox (shutdown, after the pool's token is cancelled): pooled sandboxes are the
+    /// runtime's own, never left behind. Waits for creations in flight, at most [`DRAIN_WAIT`]; one still
+    /// running after that keeps its record, and the next runtime on the data directory removes it.
+    pub(crate) async fn drain(&self) {
+        let deadline = tokio::time::Instant::now() + DRAIN_WAIT;
+        loop {
+            let settled = self.settled.notified();
+            if self.filling.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, settled).await.is_err() {
+                tracing::warn!("warm pool: creations still running at shutdown; the next start removes them");
+                break;
+            }
+        }
+        let agents: Vec<AgentId> = self.ready().drain(..).collect();
+        for agent in agents {
+            remove_pooled(self.sandbox.as_ref(), &self.policies, self.store.as_ref(), &agent).await;
+        }
+    }
+}
+
+/// How long shutdown waits for pool creations in flight.
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The policy of a sandbox waiting in the pool: an empty allowlist.
+fn deny_all() -> NetworkPolicy {
+    NetworkPolicy::allowlist(Vec::new())
+}
+
+/// Remove a pooled sandbox and what the runtime keeps for it.
+pub(crate) async fn remove_pooled(
+    sandbox: &dyn Sandbox,
+    policies: &PolicyTable,
+    store: &dyn Store,
+    agent: &AgentId,
+) {
+    if let Err(e) = sandbox.remove(agent, false).await {
+        tracing::warn!(agent = %agent, error = %e, "warm pool: cannot remove a sandbox");
+    }
+    policies.remove(agent);
+    let _ = RECORDS.delete(store, agent).await;
+}
