@@ -260,13 +260,14 @@ impl NativeRuntime {
     /// previous runtime on the same data directory left running are taken over.
     #[new]
     #[allow(clippy::needless_pass_by_value)] // pyo3 hands arguments over owned
-    #[pyo3(signature = (data_dir=None, dns_upstream=None, dangerous_connect_to=BTreeMap::new(), dangerous_upstream_ca=None))]
+    #[pyo3(signature = (data_dir=None, dns_upstream=None, dangerous_connect_to=BTreeMap::new(), dangerous_upstream_ca=None, warm_pool=None))]
     fn new(
         py: Python<'_>,
         data_dir: Option<PathBuf>,
         dns_upstream: Option<&str>,
         dangerous_connect_to: BTreeMap<String, String>,
         dangerous_upstream_ca: Option<PathBuf>,
+        warm_pool: Option<usize>,
     ) -> PyResult<Self> {
         let dns = dns_upstream.map(parse_dns_upstream).transpose()?;
         let connect_to = dangerous_connect_to
@@ -298,6 +299,9 @@ impl NativeRuntime {
         }
         if let Some(addr) = dns {
             builder = builder.dns_upstream(addr);
+        }
+        if let Some(size) = warm_pool {
+            builder = builder.warm_pool(size);
         }
         let built = py.detach(|| tokio.block_on(builder.build()));
         let runtime = match built {
@@ -344,6 +348,16 @@ impl NativeRuntime {
     #[getter]
     fn closed(&self) -> bool {
         self.live.lock().unwrap_or_else(PoisonError::into_inner).is_none()
+    }
+
+    /// Warm-pool sandboxes ready to hand out right now (0 without a pool, or after `close()`).
+    #[getter]
+    fn warm_pool_ready(&self) -> usize {
+        self.live
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, |live| live.runtime.warm_pool_ready())
     }
 
     /// Cancel running commands, stop the gateway and join every thread. Sandboxes keep existing; a runtime

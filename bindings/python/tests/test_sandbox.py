@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
 import time
 
 import pytest
 
 import agenthold
+from conftest import API, curl
 
 
 def test_exec_exit_codes_and_streams(shared_sandbox: agenthold.Sandbox) -> None:
@@ -154,3 +157,47 @@ def test_several_sandboxes_at_once(runtime_kwargs: dict, tmp_path: object) -> No
         finally:
             for sb in made:
                 sb.remove()
+
+
+def _sandbox_agents(data_dir: str) -> list:
+    """Agent ids of the sandbox containers a runtime on `data_dir` made (running or not), from Docker."""
+    instance = hashlib.sha256(data_dir.encode()).hexdigest()[:12]
+    out = subprocess.run(
+        ["docker", "ps", "-a", "--filter", f"label=agenthold.instance={instance}",
+         "--filter", "label=agenthold.role=sandbox", "--format", '{{.Label "agenthold.agent"}}'],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    return [line for line in out.split() if line]
+
+
+# covers: P1, E8 (a pooled sandbox has no egress until handed out)
+def test_warm_pool_hands_out_a_ready_sandbox(runtime_kwargs: dict, tmp_path: object, upstream: object) -> None:
+    kwargs = dict(runtime_kwargs)
+    kwargs["data_dir"] = str(tmp_path)
+    with agenthold.Runtime(warm_pool=1, **kwargs) as rt:
+        deadline = time.monotonic() + 90
+        while rt.warm_pool_ready < 1:
+            assert time.monotonic() < deadline, "the warm pool did not fill"
+            time.sleep(0.2)
+        [pooled] = _sandbox_agents(str(tmp_path))
+        assert sb_denied_egress(rt, pooled), "a pooled sandbox has no egress before it is handed out"
+        assert rt.sandboxes() == [], "pooled sandboxes are not listed"
+        sb = rt.create_sandbox(policy=agenthold.Policy.allowlist([API]))
+        try:
+            assert sb.id == pooled, "a plain spec takes the ready sandbox"
+            sb.write_file("/tmp/ca.pem", upstream.ca.read_text() + rt.ca_pem)  # type: ignore[attr-defined]
+            ok = sb.exec(curl(f"https://{API}/pooled", "-o", "/dev/null", "-w", "%{http_code}"))
+            assert ok.stdout == b"200", ok
+            assert [s.id for s in rt.sandboxes()] == [sb.id]
+        finally:
+            sb.remove()
+        assert rt.warm_pool_ready <= 1
+    assert rt.warm_pool_ready == 0
+    assert _sandbox_agents(str(tmp_path)) == [], "close() removes what is still pooled"
+
+
+def sb_denied_egress(rt: agenthold.Runtime, agent: str) -> bool:
+    """Whether plain HTTP to the allowed-later name fails from the pooled sandbox `agent`."""
+    out = rt.sandbox(agent).exec(["curl", "-s", "-m", "5", "--noproxy", "*", "-o", "/dev/null", "-w",
+                                  "%{http_code}", f"http://{API}/pooled-early"])
+    return out.exit_code != 0 and out.stdout in (b"", b"000")

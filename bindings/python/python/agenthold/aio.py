@@ -106,12 +106,14 @@ class Runtime:
         dns_upstream: Optional[str] = None,
         dangerous_connect_to: Optional[Mapping[str, str]] = None,
         dangerous_upstream_ca: Optional[StrPath] = None,
+        warm_pool: Optional[int] = None,
     ) -> None:
         self._args = dict(
             data_dir=data_dir,
             dns_upstream=dns_upstream,
             dangerous_connect_to=dangerous_connect_to,
             dangerous_upstream_ca=dangerous_upstream_ca,
+            warm_pool=warm_pool,
         )
         self._sync: Optional[_runtime.Runtime] = None
         self._lock: Optional[asyncio.Lock] = None
