@@ -131,6 +131,16 @@ struct Phase {
 }
 
 impl Phase {
+    /// Keep `sample`, and say it on stderr as the run goes.
+    fn record(&mut self, sample: Sample) {
+        eprintln!(
+            "  {:<44} {:>7.1} ms",
+            sample.kind.label(),
+            sample.total.as_secs_f64() * 1e3
+        );
+        self.samples.push(sample);
+    }
+
     fn of(&self, kind: Kind) -> impl Iterator<Item = &Sample> {
         self.samples.iter().filter(move |s| s.kind == kind)
     }
@@ -370,12 +380,7 @@ async fn pool_phase(rounds: usize, docker: &Docker) -> Result<PoolPhase> {
                 let sample = one(kind, &runtime, docker, &mut counter, &mut made).await?;
                 // Round 0 is the warm-up.
                 if round > 0 {
-                    eprintln!(
-                        "  {:<44} {:>7.1} ms",
-                        kind.label(),
-                        sample.total.as_secs_f64() * 1e3
-                    );
-                    phase.samples.push(sample);
+                    phase.record(sample);
                 }
             }
         }
@@ -441,13 +446,7 @@ async fn rounds(
         for k in 0..Kind::ALL.len() {
             let kind = Kind::ALL[(round + k) % Kind::ALL.len()];
             settle();
-            let sample = one(kind, runtime, docker, counter, made).await?;
-            eprintln!(
-                "  {:<44} {:>7.1} ms",
-                kind.label(),
-                sample.total.as_secs_f64() * 1e3
-            );
-            phase.samples.push(sample);
+            phase.record(one(kind, runtime, docker, counter, made).await?);
         }
     }
     Ok(())

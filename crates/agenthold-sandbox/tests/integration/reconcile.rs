@@ -37,8 +37,11 @@ async fn reconcile_child() {
         return;
     };
     let setup: ChildSetup = serde_json::from_str(&setup).expect("child setup");
+    let mut config = config(&setup.data_dir, setup.pool);
+    // A pooled sandbox the parent's runtime must remove: it was never handed out.
+    config.sandbox.warm_pool = 1;
     let runtime = Runtime::builder()
-        .config(config(&setup.data_dir, setup.pool))
+        .config(config)
         .dns_upstream(setup.dns)
         .dangerous(Dangerous {
             connect_to: setup.connect_to,
@@ -59,6 +62,11 @@ async fn reconcile_child() {
     )
     .await;
     let placeholder = out.ok().stdout;
+    let filled = wait_for(Duration::from_secs(90), || async {
+        runtime.warm_pool_ready() == 1
+    })
+    .await;
+    assert!(filled.is_some(), "child: the warm pool did not fill");
     println!("\nREADY {}", placeholder.trim());
     tokio::time::sleep(Duration::from_secs(120)).await;
     panic!("child: not killed within 120 s");
@@ -134,7 +142,7 @@ async fn a_killed_runtime_is_reconciled_without_restarting_sandboxes() {
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9));
 
     let started = Instant::now();
-    let runtime = build_runtime(dir.path(), pool, &up).await;
+    let runtime = build_runtime(config(dir.path(), pool), &up).await;
     let built = started.elapsed();
     let env = Env::from_parts(runtime, up, dir);
     env.guard(async {
@@ -178,6 +186,11 @@ async fn a_killed_runtime_is_reconciled_without_restarting_sandboxes() {
             "the sandbox was restarted"
         );
         assert_eq!(env.runtime.sandboxes().await.unwrap(), vec![agent.clone()]);
+        assert_eq!(
+            sandboxes_of(&env.instance).await,
+            vec![agent.clone()],
+            "the pooled sandbox of the killed runtime was not removed"
+        );
 
         // Same placeholder, and it still works: the secret was restored from the vault.
         let out = env

@@ -184,10 +184,10 @@ pub fn config(dir: &Path, pool: ipnet::Ipv4Net) -> Config {
     config
 }
 
-/// Build a runtime on `dir` pointed at `up`.
-pub async fn build_runtime(dir: &Path, pool: ipnet::Ipv4Net, up: &Upstreams) -> Runtime {
+/// Build a runtime with `config` pointed at `up`.
+pub async fn build_runtime(config: Config, up: &Upstreams) -> Runtime {
     Runtime::builder()
-        .config(config(dir, pool))
+        .config(config)
         .dns_upstream(up.dns.addr())
         .dangerous(up.dangerous())
         .build()
@@ -212,6 +212,11 @@ impl Env {
 
     /// Upstreams, a data directory and a runtime; the dev image exists.
     pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// [`Env::start`], with the runtime's configuration changed by `tune` first.
+    pub async fn start_with(tune: impl FnOnce(&mut Config)) -> Self {
         agenthold_testsupport::require_root();
         agenthold_testsupport::init_tracing();
         dev_image().await;
@@ -220,18 +225,10 @@ impl Env {
             .prefix("ah-int-")
             .tempdir()
             .expect("data dir");
-        let pool = next_pool();
-        let runtime = build_runtime(dir.path(), pool, &up).await;
-        let instance = instance_of(dir.path());
-        let prefix = AgentId::random().to_string();
-        Self {
-            runtime,
-            up,
-            dir,
-            instance,
-            prefix,
-            agents: std::sync::atomic::AtomicU32::new(0),
-        }
+        let mut config = config(dir.path(), next_pool());
+        tune(&mut config);
+        let runtime = build_runtime(config, &up).await;
+        Self::from_parts(runtime, up, dir)
     }
 
     /// A sandbox with [`spec`] (or `spec` when given).
@@ -279,6 +276,32 @@ impl Env {
     pub async fn sh(&self, agent: &AgentId, script: &str) -> Out {
         sh(&self.runtime, agent, script).await
     }
+}
+
+/// Agents with a sandbox container of `instance` on the engine (by label), running or not.
+pub async fn sandboxes_of(instance: &str) -> Vec<AgentId> {
+    use agenthold_sandbox::engine::{LABEL_AGENT, LABEL_INSTANCE, LABEL_ROLE};
+    let filters = std::collections::HashMap::from([(
+        "label".to_owned(),
+        vec![
+            format!("{LABEL_INSTANCE}={instance}"),
+            format!("{LABEL_ROLE}=sandbox"),
+        ],
+    )]);
+    let options = bollard::query_parameters::ListContainersOptions {
+        all: true,
+        filters: Some(filters),
+        ..Default::default()
+    };
+    docker()
+        .await
+        .list_containers(Some(options))
+        .await
+        .expect("list containers")
+        .into_iter()
+        .filter_map(|c| c.labels?.get(LABEL_AGENT).cloned())
+        .filter_map(|a| AgentId::new(a).ok())
+        .collect()
 }
 
 /// A finished command, with its output as text.
