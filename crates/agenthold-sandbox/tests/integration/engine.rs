@@ -123,7 +123,8 @@ pub async fn engine_objects(instance: &str) -> (Vec<String>, Vec<String>, Vec<St
 }
 
 /// Remove whatever is left with `instance`'s label (containers, networks, volumes) and their
-/// `DOCKER-USER` accepts. Best effort: this only runs after a test already finished.
+/// `DOCKER-USER` accepts, and the installation's host table. Best effort: this only runs after a test already
+/// finished.
 pub async fn sweep(instance: &str) {
     let docker = docker().await;
     let (containers, networks, volumes) = engine_objects(instance).await;
@@ -153,6 +154,8 @@ pub async fn sweep(instance: &str) {
             .remove_volume(&name, Some(RemoveVolumeOptions { force: true }))
             .await;
     }
+    // No bridges: the installation's host table goes.
+    let _ = agenthold_sandbox::hostfw::apply_host_table(instance, &[]);
 }
 
 /// Sweeps an installation when dropped (for the stretch of a test before an `Env` guards it).
