@@ -11,10 +11,10 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use agenthold_benches::cpu;
+use agenthold_benches::harness;
 use agenthold_benches::load::{self, Outcome};
 use agenthold_benches::report::{self, Metric, Route};
 use agenthold_benches::setup::{Env, NAME, RAW_PORT};
@@ -31,23 +31,6 @@ const DNS_WINDOW: usize = 64;
 const DNS_NAMES: usize = 256;
 /// Length of the warm-up run before each metric's measured runs.
 const WARM_UP: Duration = Duration::from_millis(500);
-
-/// A run starts once fewer than this many CPUs were busy for a quarter second (see [`cpu::settle`]).
-const QUIET_BELOW: f64 = 0.3;
-/// How long to wait for a quiet machine before starting a run anyway.
-const QUIET_PATIENCE: Duration = Duration::from_secs(20);
-
-/// Runs that started although the machine was busy (other work than the benchmark).
-static NOISY_STARTS: AtomicUsize = AtomicUsize::new(0);
-
-/// Waits for a quiet machine before a measured run.
-fn settle() {
-    let busy = cpu::settle(QUIET_BELOW, QUIET_PATIENCE);
-    if busy >= QUIET_BELOW {
-        NOISY_STARTS.fetch_add(1, Ordering::Relaxed);
-        eprintln!("bench egress: starting a run on a busy machine ({busy:.1} CPUs busy)");
-    }
-}
 
 /// Knobs read from the environment.
 struct Settings {
@@ -85,19 +68,7 @@ impl Settings {
 }
 
 fn main() -> ExitCode {
-    // `cargo bench` passes --bench; `cargo test --all-targets` builds this too and must not start a
-    // benchmark that needs root and minutes.
-    if !std::env::args().any(|a| a == "--bench") {
-        eprintln!("bench egress: not run without --bench (use `cargo bench`)");
-        return ExitCode::SUCCESS;
-    }
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench egress: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    harness::main("egress", run)
 }
 
 fn run() -> Result<()> {
@@ -143,15 +114,18 @@ fn run() -> Result<()> {
         "dns_window": DNS_WINDOW,
         "gateway_log_entries": log.len(),
         "gateway_log_refused": refused,
-        "runs_started_on_busy_machine": NOISY_STARTS.load(Ordering::Relaxed),
+        "runs_started_on_busy_machine": harness::noisy_starts(),
     });
     let path = json_path();
     let json = report::to_json(&metrics, &settings_json);
     std::fs::write(&path, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("write {}", path.display()))?;
-    let noisy = NOISY_STARTS.load(Ordering::Relaxed);
+    let noisy = harness::noisy_starts();
     if noisy > 0 {
-        println!("{noisy} runs started while other work kept >= {QUIET_BELOW} CPUs busy: expect noise");
+        println!(
+            "{noisy} runs started while other work kept >= {} CPUs busy: expect noise",
+            harness::QUIET_BELOW
+        );
     }
     println!("written: {}", path.display());
     Ok(())
@@ -185,7 +159,7 @@ fn rounds(
     }
     for _ in 0..settings.repeats {
         for route in Route::ALL {
-            settle();
+            harness::settle("egress");
             let before = cpu::MachineCpu::now();
             let outcome = once(route, settings.seconds)
                 .with_context(|| format!("{} on {}", metric.name, route.key()))?;
@@ -324,7 +298,7 @@ fn bulk_rounds(
     for _ in 0..settings.repeats {
         for (i, route) in Route::ALL.into_iter().enumerate() {
             let (gw0, up0) = (cpu::threads_cpu("gateway"), cpu::threads_cpu("upstream"));
-            settle();
+            harness::settle("egress");
             let before = cpu::MachineCpu::now();
             let speed = download(route).with_context(|| format!("{} on {}", metric.name, route.key()))?;
             metric.push_busy(route, cpu::MachineCpu::now().cores_busy_since(before));
@@ -399,7 +373,7 @@ fn http(env: &Env, settings: &Settings) -> Result<[Metric; 2]> {
     keepalive(Route::Gateway, proxy, &absolute, WARM_UP).context("explicit proxy warm-up")?;
     for _ in 0..settings.repeats {
         for route in Route::ALL {
-            settle();
+            harness::settle("egress");
             let before = cpu::MachineCpu::now();
             let outcome = keepalive(route, env.endpoints(route).http, &origin, settings.seconds)
                 .with_context(|| format!("HTTP on {}", route.key()))?;
@@ -411,7 +385,7 @@ fn http(env: &Env, settings: &Settings) -> Result<[Metric; 2]> {
                 explicit.push(route, outcome.per_second, outcome.errors);
             }
         }
-        settle();
+        harness::settle("egress");
         let before = cpu::MachineCpu::now();
         let outcome =
             keepalive(Route::Gateway, proxy, &absolute, settings.seconds).context("explicit proxy")?;

@@ -29,9 +29,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use agenthold_benches::harness;
 use agenthold_benches::load::{self, Outcome};
 use agenthold_benches::mitm::{self, Mitmdump};
 use agenthold_benches::nginx::{self, Nginx};
@@ -50,17 +50,10 @@ use serde_json::{Value, json};
 const CONCURRENCY: usize = 16;
 /// Length of the warm-up run on every route.
 const WARM_UP: Duration = Duration::from_millis(500);
-/// A run starts once fewer than this many CPUs were busy for a quarter second (see [`cpu::settle`]).
-const QUIET_BELOW: f64 = 0.3;
-/// How long to wait for a quiet machine before starting a run anyway.
-const QUIET_PATIENCE: Duration = Duration::from_secs(20);
 /// Targets from the issue.
 const TARGET_RATE_VS_DIRECT: f64 = 0.5;
 const TARGET_RATE_VS_MITM: f64 = 50.0;
 const TARGET_ADDED_P50_US: f64 = 100.0;
-
-/// Runs that started although the machine was busy.
-static NOISY_STARTS: AtomicUsize = AtomicUsize::new(0);
 
 /// The four ways to the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,36 +274,8 @@ impl Clients<'_> {
     }
 }
 
-fn settle() {
-    let busy = cpu::settle(QUIET_BELOW, QUIET_PATIENCE);
-    if busy >= QUIET_BELOW {
-        NOISY_STARTS.fetch_add(1, Ordering::Relaxed);
-        eprintln!("bench intercept: starting a run on a busy machine ({busy:.1} CPUs busy)");
-    }
-}
-
 fn main() -> ExitCode {
-    // `cargo bench` passes --bench; `cargo test --all-targets` builds this too and must not start it.
-    if !std::env::args().any(|a| a == "--bench") {
-        eprintln!("bench intercept: not run without --bench (use `cargo bench`)");
-        return ExitCode::SUCCESS;
-    }
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench intercept: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// The directory this binary was built into (`target/release/deps/intercept-HASH` → `target`).
-fn target_dir() -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.ancestors().nth(3).map(PathBuf::from))
-        .filter(|dir| dir.join("CACHEDIR.TAG").exists() || dir.ends_with("target"))
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")))
+    harness::main("intercept", run)
 }
 
 fn run() -> Result<()> {
@@ -324,8 +289,8 @@ fn run() -> Result<()> {
 
     // mitmproxy first: installing it (once) takes a while and must not overlap a measurement.
     let mitmdump = if settings.mitm {
-        let venv =
-            std::env::var_os("BENCH_VENV").map_or_else(|| target_dir().join("bench-venv"), PathBuf::from);
+        let venv = std::env::var_os("BENCH_VENV")
+            .map_or_else(|| harness::target_dir().join("bench-venv"), PathBuf::from);
         Some(mitm::ensure_installed(&venv)?)
     } else {
         None
@@ -443,9 +408,12 @@ fn run() -> Result<()> {
         "gateway request log: {kept} request entries kept for the agent (newest 5000), {injected_log} marked \
          secret_injected, {refused} denied or failed"
     );
-    let noisy = NOISY_STARTS.load(Ordering::Relaxed);
+    let noisy = harness::noisy_starts();
     if noisy > 0 {
-        println!("{noisy} runs started while other work kept >= {QUIET_BELOW} CPUs busy: expect noise");
+        println!(
+            "{noisy} runs started while other work kept >= {} CPUs busy: expect noise",
+            harness::QUIET_BELOW
+        );
     }
 
     let settings_json = json!({
@@ -499,8 +467,10 @@ fn run() -> Result<()> {
             })
         }),
     });
-    let path = std::env::var_os("BENCH_JSON")
-        .map_or_else(|| target_dir().join("bench-intercept.json"), PathBuf::from);
+    let path = std::env::var_os("BENCH_JSON").map_or_else(
+        || harness::target_dir().join("bench-intercept.json"),
+        PathBuf::from,
+    );
     std::fs::write(&path, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("write {}", path.display()))?;
     println!("written: {}", path.display());
@@ -599,7 +569,7 @@ fn measure_rate(
     let mut series = Series::default();
     for _ in 0..settings.repeats {
         for &way in &ways {
-            settle();
+            harness::settle("intercept");
             let before = CpuMark::now(marks);
             let outcome = once(way, settings.seconds).with_context(|| format!("rate on {}", way.key()))?;
             let after = CpuMark::now(marks);
@@ -671,7 +641,7 @@ fn latency(clients: &Clients<'_>, settings: &Settings) -> Result<Latency> {
         .collect();
     for _ in 0..settings.repeats {
         for way in Way::ALL.into_iter().filter(|w| clients.has(Upstream::Lean, *w)) {
-            settle();
+            harness::settle("intercept");
             let before = cpu::MachineCpu::now();
             let injected_before = upstream::injected_requests();
             let mut samples =

@@ -34,11 +34,10 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use agenthold_benches::cpu;
 use agenthold_benches::docker_events::{self, Event, Recorder, Timeline};
+use agenthold_benches::harness;
 use agenthold_benches::report::median;
 use agenthold_benches::table::{num, render};
 use agenthold_core::{AgentId, SandboxSpec};
@@ -56,24 +55,10 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
-/// A run starts once fewer than this many CPUs were busy for a quarter second (see [`cpu::settle`]).
-const QUIET_BELOW: f64 = 0.3;
-/// How long to wait for a quiet machine before starting anyway.
-const QUIET_PATIENCE: Duration = Duration::from_secs(20);
 /// The target: create-to-first-exec ≤ 1.0 × `docker run --rm … true`.
 const TARGET_RATIO: f64 = 1.0;
 /// Prefix of the reference containers' names (for the event timeline and the leak check).
 const REFERENCE_PREFIX: &str = "ahbench-start";
-
-static NOISY_STARTS: AtomicUsize = AtomicUsize::new(0);
-
-fn settle() {
-    let busy = cpu::settle(QUIET_BELOW, QUIET_PATIENCE);
-    if busy >= QUIET_BELOW {
-        NOISY_STARTS.fetch_add(1, Ordering::Relaxed);
-        eprintln!("bench sandbox_start: starting on a busy machine ({busy:.1} CPUs busy)");
-    }
-}
 
 /// What is timed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -161,25 +146,7 @@ impl Phase {
 }
 
 fn main() -> ExitCode {
-    if !std::env::args().any(|a| a == "--bench") {
-        eprintln!("bench sandbox_start: not run without --bench (use `cargo bench`)");
-        return ExitCode::SUCCESS;
-    }
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench sandbox_start: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-fn target_dir() -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.ancestors().nth(3).map(PathBuf::from))
-        .filter(|dir| dir.join("CACHEDIR.TAG").exists() || dir.ends_with("target"))
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target")))
+    harness::main("sandbox_start", run)
 }
 
 struct Settings {
@@ -307,9 +274,12 @@ async fn bench(settings: &Settings) -> Result<()> {
     } else {
         println!("LEFT BEHIND: {}", leaks.join("; "));
     }
-    let noisy = NOISY_STARTS.load(Ordering::Relaxed);
+    let noisy = harness::noisy_starts();
     if noisy > 0 {
-        println!("{noisy} starts began while other work kept >= {QUIET_BELOW} CPUs busy: expect noise");
+        println!(
+            "{noisy} starts began while other work kept >= {} CPUs busy: expect noise",
+            harness::QUIET_BELOW
+        );
     }
 
     let json = json!({
@@ -331,8 +301,10 @@ async fn bench(settings: &Settings) -> Result<()> {
         "warm_pool": pooled.as_ref().map(|p| phase_json(&p.phase)),
         "target_ratio": TARGET_RATIO,
     });
-    let path = std::env::var_os("BENCH_JSON")
-        .map_or_else(|| target_dir().join("bench-sandbox-start.json"), PathBuf::from);
+    let path = std::env::var_os("BENCH_JSON").map_or_else(
+        || harness::target_dir().join("bench-sandbox-start.json"),
+        PathBuf::from,
+    );
     std::fs::write(&path, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("write {}", path.display()))?;
     println!("written: {}", path.display());
@@ -376,7 +348,7 @@ async fn pool_phase(rounds: usize, docker: &Docker) -> Result<PoolPhase> {
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                settle();
+                harness::settle("sandbox_start");
                 let sample = one(kind, &runtime, docker, &mut counter, &mut made).await?;
                 // Round 0 is the warm-up.
                 if round > 0 {
@@ -445,7 +417,7 @@ async fn rounds(
         // Rotate the order so no kind always follows another.
         for k in 0..Kind::ALL.len() {
             let kind = Kind::ALL[(round + k) % Kind::ALL.len()];
-            settle();
+            harness::settle("sandbox_start");
             phase.record(one(kind, runtime, docker, counter, made).await?);
         }
     }
@@ -952,7 +924,7 @@ async fn engine_steps(docker: &Docker, pool: ipnet::Ipv4Net, rounds: usize) -> R
             ])),
             ..Default::default()
         };
-        settle();
+        harness::settle("sandbox_start");
         let clock = Instant::now();
         docker
             .create_network(request)
@@ -983,7 +955,7 @@ async fn engine_steps(docker: &Docker, pool: ipnet::Ipv4Net, rounds: usize) -> R
                         body,
                     )
                     .await?;
-                settle();
+                harness::settle("sandbox_start");
                 let clock = Instant::now();
                 let started = docker.start_container(&name, None::<StartContainerOptions>).await;
                 let took = clock.elapsed();

@@ -16,6 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use agenthold_benches::harness;
 use agenthold_benches::proxy::{self, Forward};
 use agenthold_benches::report::median;
 use agenthold_benches::setup::NAME;
@@ -53,19 +54,7 @@ impl Column {
 }
 
 fn main() -> ExitCode {
-    // `cargo bench` passes --bench; `cargo test --all-targets` builds this too and must not start a
-    // benchmark that needs root and minutes.
-    if !std::env::args().any(|a| a == "--bench") {
-        eprintln!("bench splice: not run without --bench (use `cargo bench`)");
-        return ExitCode::SUCCESS;
-    }
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("bench splice: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    harness::main("splice", run)
 }
 
 fn run() -> Result<()> {

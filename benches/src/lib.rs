@@ -16,12 +16,14 @@
 //! - [`nginx`]: nginx as a realistic HTTPS upstream.
 //! - [`table`]: a plain Markdown table for targets whose columns are not the three routes.
 //! - [`docker_events`]: the Docker engine's event stream as a timeline (the sandbox start benchmark).
+//! - [`harness`]: `main`, waiting for a quiet machine, and `target/`, the same for every target.
 //!
 //! See `docs/benchmarks.md` for what each number means and the latest results.
 #![forbid(unsafe_code)]
 
 pub mod cpu;
 pub mod docker_events;
+pub mod harness;
 pub mod load;
 pub mod mitm;
 pub mod nginx;
