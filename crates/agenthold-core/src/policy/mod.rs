@@ -105,6 +105,17 @@ pub enum DenyReason {
     HostMismatch,
     /// The protocol or request could not be understood well enough to decide.
     Malformed,
+    /// A request to a rule host carried a placeholder outside the places its rule replaces it (another
+    /// header, the path, an unnamed query parameter, a cookie, an encoded or case-changed form): a leak
+    /// attempt (E13).
+    PlaceholderMisplaced,
+    /// A login rule's path limit could not be checked because the path is not in normal form (dot
+    /// segments, empty segments, encoded slashes or unreserved characters).
+    AmbiguousPath,
+    /// An open connection was closed because the agent's policy no longer allows it (E21).
+    Revoked,
+    /// The agent (or the whole gateway) is at its budget of connections or upstream requests (E20).
+    OverBudget,
 }
 
 impl DenyReason {
@@ -122,6 +133,10 @@ impl DenyReason {
             Self::PlaceholderLeak => "placeholder_leak",
             Self::HostMismatch => "host_mismatch",
             Self::Malformed => "malformed",
+            Self::PlaceholderMisplaced => "placeholder_misplaced",
+            Self::AmbiguousPath => "ambiguous_path",
+            Self::Revoked => "revoked",
+            Self::OverBudget => "over_budget",
         }
     }
 }

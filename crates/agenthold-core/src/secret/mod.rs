@@ -2,8 +2,11 @@
 //! them, presets for common providers, placeholders, and the [`SecretInjector`] trait with its default
 //! implementation, [`SecretTable`].
 
+mod placement;
+mod redact;
 mod table;
 
+pub use redact::{MIN_DERIVED_FORM, RedactSource, RedactStream, Redacted, Redactor};
 pub use table::{OnUpdate, Placeholder, SecretTable};
 
 use std::fmt;
@@ -58,13 +61,15 @@ impl fmt::Debug for SecretValue {
 /// What a rule does on requests to its hosts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RuleKind {
-    /// Set `header` to the rendered `template`, and replace the agent's placeholder wherever it appears in
-    /// header values or the query string (E11, E13).
+    /// Set `header` to the rendered `template` (E11, E13). The placeholder is replaced by the value only
+    /// where `also_in` names it; anywhere else in a request to the rule's hosts it is refused as a leak.
     Header {
         /// Header to set (lower case).
         header: String,
         /// Its value.
         template: Template,
+        /// Further places the placeholder is replaced in (none by default).
+        also_in: AlsoIn,
     },
     /// Account login (E15): replace the placeholder only inside `header`, never add the header, and only on
     /// paths starting with one of `path_prefixes` (all paths when empty).
@@ -84,6 +89,53 @@ pub enum RuleKind {
         /// Name of the agent's secret that holds the access token this refresh renews.
         access_secret: String,
     },
+}
+
+/// Further places of a request where a header rule replaces its placeholder by the value: named headers
+/// (raw) and named query parameters (percent-encoded). Never the path. Empty by default: most APIs take a
+/// key in one header, and every further place is one more an upstream may echo back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlsoIn {
+    /// Header names (lower case).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<String>,
+    /// Query parameter names (exact, after percent-decoding).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub query: Vec<String>,
+}
+
+impl AlsoIn {
+    /// Whether nothing is named.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.headers.is_empty() && self.query.is_empty()
+    }
+
+    /// Validated: header names are tokens (lower-cased), query names are non-empty printable ASCII.
+    ///
+    /// # Errors
+    /// [`Error::Secret`] naming the bad entry.
+    pub fn new<S: AsRef<str>>(headers: &[S], query: &[S]) -> Result<Self, Error> {
+        let headers = headers
+            .iter()
+            .map(|h| parse_header_name(h.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let query = query
+            .iter()
+            .map(|q| {
+                let q = q.as_ref();
+                if q.is_empty() || !q.bytes().all(|b| b.is_ascii_graphic() && !b"&;=#".contains(&b)) {
+                    Err(bad_rule(format!(
+                        "also_in query parameter {q:?} must be printable ASCII without '&', ';', '=' or '#'"
+                    )))
+                } else {
+                    Ok(q.to_owned())
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { headers, query })
+    }
 }
 
 /// Where and how a secret may be injected. Serialised in its textual form (`{"kind": "header", "hosts":
@@ -117,8 +169,30 @@ impl SecretRule {
             kind: RuleKind::Header {
                 header: parse_header_name(header)?,
                 template,
+                also_in: AlsoIn::default(),
             },
         })
+    }
+
+    /// This header rule, also replacing its placeholder in the places `also_in` names.
+    ///
+    /// # Errors
+    /// [`Error::Secret`] when the rule is not a header rule, or `also_in` names the rule's own header.
+    pub fn with_also_in(mut self, also_in: AlsoIn) -> Result<Self, Error> {
+        match &mut self.kind {
+            RuleKind::Header { header, also_in: slot, .. } => {
+                if also_in.headers.contains(header) {
+                    return Err(bad_rule(format!(
+                        "also_in names {header:?}, the header the rule sets anyway"
+                    )));
+                }
+                *slot = also_in;
+                Ok(self)
+            }
+            RuleKind::Login { .. } | RuleKind::TokenRefresh { .. } => {
+                Err(bad_rule("also_in is only for header rules".into()))
+            }
+        }
     }
 
     /// A login rule (see [`RuleKind::Login`]).
@@ -178,6 +252,8 @@ enum RuleRepr {
         hosts: Vec<String>,
         header: String,
         template: String,
+        #[serde(default, skip_serializing_if = "AlsoIn::is_empty")]
+        also_in: AlsoIn,
     },
     Login {
         hosts: Vec<String>,
@@ -204,10 +280,15 @@ impl From<SecretRule> for RuleRepr {
             })
             .collect();
         match rule.kind {
-            RuleKind::Header { header, template } => Self::Header {
+            RuleKind::Header {
+                header,
+                template,
+                also_in,
+            } => Self::Header {
                 hosts,
                 header,
                 template: template.source().to_owned(),
+                also_in,
             },
             RuleKind::Login {
                 header,
@@ -234,7 +315,15 @@ impl TryFrom<RuleRepr> for SecretRule {
                 hosts,
                 header,
                 template,
-            } => Self::header(&hosts, &header, &template),
+                also_in,
+            } => {
+                let rule = Self::header(&hosts, &header, &template)?;
+                if also_in.is_empty() {
+                    Ok(rule)
+                } else {
+                    rule.with_also_in(AlsoIn::new(&also_in.headers, &also_in.query)?)
+                }
+            }
             RuleRepr::Login { hosts, header, paths } => Self::login(&hosts, &header, &paths),
             RuleRepr::TokenRefresh {
                 hosts,
@@ -300,7 +389,11 @@ fn parse_header_name(name: &str) -> Result<String, Error> {
     Ok(name.to_ascii_lowercase())
 }
 
-/// Built-in rules for common providers (E11).
+/// Built-in rules for common providers (E11). Each sets exactly the header its provider's own SDK and CLI
+/// send the key in, so that the SDK works unchanged under E13's rule (a placeholder anywhere but the rule's
+/// header is refused): `x-api-key` for the Anthropic SDK, `Authorization` for OpenAI's, OpenRouter's
+/// (OpenAI-compatible) and GitHub's (`gh`, git), `PRIVATE-TOKEN` for GitLab's (`python-gitlab`, `glab`).
+/// None names further places (`also_in`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Preset {
@@ -313,7 +406,8 @@ pub enum Preset {
     /// `Authorization: Basic base64(x-access-token:VALUE)` on github.com (git over HTTPS).
     #[serde(rename = "github")]
     GitHub,
-    /// `Authorization: Bearer VALUE` on gitlab.com.
+    /// `PRIVATE-TOKEN: VALUE` on gitlab.com (the API, as `python-gitlab` and `glab` send it), and
+    /// `Authorization: Basic base64(oauth2:VALUE)` on gitlab.com (git over HTTPS).
     #[serde(rename = "gitlab")]
     GitLab,
     /// `Authorization: Bearer VALUE` on openrouter.ai.
@@ -368,6 +462,7 @@ impl Preset {
             kind: RuleKind::Header {
                 header: header.to_owned(),
                 template: Template::parse(template).unwrap_or_else(|e| unreachable!("preset template: {e}")),
+                also_in: AlsoIn::default(),
             },
         };
         match self {
@@ -381,7 +476,14 @@ impl Preset {
                     r#"Basic {{base64 (print "x-access-token:" .Value)}}"#,
                 ),
             ],
-            Self::GitLab => vec![rule("gitlab.com", "authorization", "Bearer {{.Value}}")],
+            Self::GitLab => vec![
+                rule("gitlab.com", "private-token", "{{.Value}}"),
+                rule(
+                    "gitlab.com",
+                    "authorization",
+                    r#"Basic {{base64 (print "oauth2:" .Value)}}"#,
+                ),
+            ],
             Self::OpenRouter => vec![rule("openrouter.ai", "authorization", "Bearer {{.Value}}")],
         }
     }
@@ -532,13 +634,16 @@ pub enum InjectOutcome {
     },
 }
 
-/// Decides which TLS connections to intercept and rewrites request heads on them.
+/// Decides which TLS connections to intercept, rewrites request heads on them, and says how to redact the
+/// answers.
 ///
 /// Contract: `intercepts` is true only for hosts covered by one of the agent's secret rules (E13); only then
 /// does the gateway terminate TLS. `rewrite` is called for every request on an intercepted connection with
 /// `tls_host` = the connection's SNI, and for every plain-HTTP request with `tls_host = None`, in which case
-/// it must never inject (E13) but may refuse a request that carries a placeholder (leak guard). It never
-/// touches bodies. Both methods run per connection or request and must not block.
+/// it must never inject (E13) but may refuse a request that carries a placeholder (leak guard). It replaces
+/// a placeholder only in the places the secret's rule names, and refuses a request that carries one
+/// anywhere else. It never touches request bodies. `redactor` gives what the gateway scrubs from every
+/// answer of an intercepted host (E19). The methods run per connection or request and must not block.
 pub trait SecretInjector: Send + Sync {
     /// Whether `agent` has any secret at all; when false the gateway skips [`SecretInjector::rewrite`].
     fn has_secrets(&self, agent: &AgentId) -> bool;
@@ -546,6 +651,13 @@ pub trait SecretInjector: Send + Sync {
     fn intercepts(&self, agent: &AgentId, host: &str) -> bool;
     /// Rewrite one request head.
     fn rewrite(&self, agent: &AgentId, tls_host: Option<&str>, head: &mut RequestHead) -> InjectOutcome;
+
+    /// The redactor for `agent`'s answers from intercepted hosts (E19): it replaces every form of every
+    /// value the agent's secrets hold by the secret's placeholder. `None` (the default) passes answers on
+    /// untouched; [`SecretTable`] always gives one when the agent has a secret.
+    fn redactor(&self, _agent: &AgentId) -> Option<std::sync::Arc<Redactor>> {
+        None
+    }
 
     /// For a refresh `rewrite` announced with [`InjectOutcome::Refresh`]: the body to send upstream, with
     /// the refresh placeholder replaced by the real token (encoded for `content_type`); `None` refuses the
@@ -618,12 +730,27 @@ mod tests {
             .unwrap(),
             SecretRule::login(&["chatgpt.com"], "authorization", &["/backend-api/"]).unwrap(),
             SecretRule::token_refresh(&["auth.openai.com"], "/oauth/token", "access").unwrap(),
+            SecretRule::header(&["api.example.com"], "x-key", "{{.Value}}")
+                .unwrap()
+                .with_also_in(AlsoIn::new(&["Api-Key"], &["key"]).unwrap())
+                .unwrap(),
         ] {
             let json = serde_json::to_string(&rule).unwrap();
             assert_eq!(serde_json::from_str::<SecretRule>(&json).unwrap(), rule, "{json}");
         }
         let bad = r#"{"kind":"header","hosts":["10.0.0.1"],"header":"x","template":"{{.Value}}"}"#;
         assert!(serde_json::from_str::<SecretRule>(bad).is_err());
+        // A rule without `also_in` serialises as it always did (stored rules keep their bytes).
+        let plain = SecretRule::header(&["a.test"], "x", "{{.Value}}").unwrap();
+        assert!(!serde_json::to_string(&plain).unwrap().contains("also_in"));
+        for bad in [
+            r#"{"kind":"header","hosts":["a.test"],"header":"x","template":"{{.Value}}","also_in":{"headers":["bad header"]}}"#,
+            r#"{"kind":"header","hosts":["a.test"],"header":"x","template":"{{.Value}}","also_in":{"headers":["x"]}}"#,
+            r#"{"kind":"header","hosts":["a.test"],"header":"x","template":"{{.Value}}","also_in":{"query":["a&b"]}}"#,
+            r#"{"kind":"header","hosts":["a.test"],"header":"x","template":"{{.Value}}","also_in":{"path":true}}"#,
+        ] {
+            assert!(serde_json::from_str::<SecretRule>(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -632,6 +759,24 @@ mod tests {
             assert_eq!(Preset::from_name(p.name()).unwrap(), p);
             assert!(!p.rules().is_empty());
         }
+        let header_of = |p: Preset| -> Vec<String> {
+            p.rules()
+                .iter()
+                .map(|r| match &r.kind {
+                    RuleKind::Header { header, also_in, .. } => {
+                        assert!(also_in.is_empty(), "{p:?}");
+                        header.clone()
+                    }
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        // Exactly the header each provider's SDK sends its key in.
+        assert_eq!(header_of(Preset::Anthropic), ["x-api-key"]);
+        assert_eq!(header_of(Preset::OpenAi), ["authorization"]);
+        assert_eq!(header_of(Preset::OpenRouter), ["authorization"]);
+        assert_eq!(header_of(Preset::GitHub), ["authorization", "authorization"]);
+        assert_eq!(header_of(Preset::GitLab), ["private-token", "authorization"]);
         let gh = SecretSpec::preset("gh", Preset::GitHub, "t".into(), None).unwrap();
         assert!(gh.covers("github.com") && gh.covers("api.github.com") && !gh.covers("gist.github.com"));
         assert!(

@@ -1,26 +1,39 @@
-//! [`SecretTable`], the default [`SecretInjector`]: per agent, the attached secrets and their placeholders.
+//! [`SecretTable`], the default [`SecretInjector`]: per agent, the attached secrets, their placeholders,
+//! where each placeholder may be replaced, and the redactor for answers.
 //!
-//! On a request to a host one of the agent's rules covers, over TLS whose SNI equals the request's host:
-//! header rules set their header from the template and replace the placeholder wherever it appears in
-//! header values (raw) and the query string (percent-encoded); login rules replace it only inside their one
-//! header, never add that header, and only on their path prefixes. A placeholder on its way anywhere else
-//! (another host, plain HTTP) is a leak: refused with 403, or only reported when the leak guard is `log`.
-//! Bodies are never looked at.
+//! On a request to a host one of the agent's rules covers, over TLS whose SNI equals the request's host
+//! (E13 as amended):
+//! - a header rule sets its header from the template, and replaces the placeholder by the value only in the
+//!   further headers (raw) and query parameters (percent-encoded) its `also_in` names, never in the path;
+//! - a login rule replaces it only inside its one header, never adds that header, and only on its path
+//!   prefixes, checked on paths in normal form only (E15);
+//! - a placeholder anywhere else in that request (another header or a header name, the path, an unnamed
+//!   query parameter, a cookie, a percent-encoded or case-changed form) is a leak attempt: refused with
+//!   403 `placeholder_misplaced`, whatever the leak guard says.
+//!
+//! A placeholder on its way to a host outside its secret's rules, or over plain HTTP, is a leak: refused
+//! with 403 `placeholder_leak`, or only reported when the leak guard is `log`. Request bodies are never
+//! looked at. Every answer from an intercepted host goes through the agent's [`Redactor`] (E19).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use memchr::memmem;
 use zeroize::Zeroizing;
 
+use super::placement::{Finder, Hit, Place, is_normal_path, replace_in_query, split_query};
+use super::redact::{RedactSource, Redactor};
 use super::{
-    InjectOutcome, PLACEHOLDER_PREFIX, RequestHead, RuleKind, SecretInjector, SecretSpec, SecretValue,
-    header_value_problem, new_placeholder,
+    InjectOutcome, RequestHead, RuleKind, SecretInjector, SecretSpec, SecretValue, header_value_problem,
+    new_placeholder,
 };
 use crate::config::LeakGuard;
 use crate::ids::AgentId;
 use crate::policy::DenyReason;
+
+/// Values a token refresh replaced that the redactor keeps looking for (an old access token stays valid
+/// for a while, and an upstream may still quote it).
+const RETIRED_KEPT: usize = 2;
 
 /// A secret's placeholder as the sandbox sees it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -33,10 +46,58 @@ pub struct Placeholder {
     pub placeholder: String,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Attached {
     spec: SecretSpec,
     placeholder: String,
+    /// Earlier values replaced by token refreshes, newest last.
+    retired: Vec<SecretValue>,
+}
+
+/// One agent's secrets and what is derived from them once, when they change.
+#[derive(Debug)]
+struct AgentSecrets {
+    attached: Vec<Attached>,
+    /// Finds the placeholders in request heads; secret `i` is `attached[i]`.
+    finder: Option<Finder>,
+    /// Scrubs every form of every value from answers.
+    redactor: Option<Arc<Redactor>>,
+}
+
+impl AgentSecrets {
+    fn new(attached: Vec<Attached>) -> Self {
+        let finder = Finder::new(attached.iter().map(|a| a.placeholder.clone()).collect());
+        let mut sources = Vec::new();
+        for a in &attached {
+            let rendered: Vec<Zeroizing<Vec<u8>>> = a
+                .spec
+                .rules
+                .iter()
+                .filter_map(|r| match &r.kind {
+                    RuleKind::Header { template, .. } => Some(template.render(a.spec.value.expose())),
+                    RuleKind::Login { .. } | RuleKind::TokenRefresh { .. } => None,
+                })
+                .collect();
+            sources.push(RedactSource {
+                value: a.spec.value.expose(),
+                rendered,
+                placeholder: &a.placeholder,
+            });
+            for old in &a.retired {
+                sources.push(RedactSource {
+                    value: old.expose(),
+                    rendered: Vec::new(),
+                    placeholder: &a.placeholder,
+                });
+            }
+        }
+        let redactor = Redactor::new(sources).map(Arc::new);
+        Self {
+            attached,
+            finder,
+            redactor,
+        }
+    }
 }
 
 /// Called with `(agent, secret name, new value)` when a token refresh renews a secret, so the owner can
@@ -46,7 +107,7 @@ pub type OnUpdate = Box<dyn Fn(&AgentId, &str, &SecretValue) + Send + Sync>;
 /// The default [`SecretInjector`]. Cheap to share (`Arc`); every method takes `&self`.
 #[derive(Default)]
 pub struct SecretTable {
-    agents: RwLock<HashMap<AgentId, Arc<Vec<Attached>>>>,
+    agents: RwLock<HashMap<AgentId, Arc<AgentSecrets>>>,
     leak_guard: LeakGuard,
     on_update: Option<OnUpdate>,
 }
@@ -88,7 +149,7 @@ impl SecretTable {
             .map(|spec| {
                 let kept = old
                     .iter()
-                    .flat_map(|v| v.iter())
+                    .flat_map(|v| v.attached.iter())
                     .find(|a| a.spec.name == spec.name);
                 let placeholder = kept.map_or_else(new_placeholder, |a| a.placeholder.clone());
                 (spec, placeholder)
@@ -106,23 +167,30 @@ impl SecretTable {
     ) -> Vec<Placeholder> {
         let attached: Vec<Attached> = secrets
             .into_iter()
-            .map(|(spec, placeholder)| Attached { spec, placeholder })
+            .map(|(spec, placeholder)| Attached {
+                spec,
+                placeholder,
+                retired: Vec::new(),
+            })
             .collect();
         let out = placeholders_of(&attached);
         self.agents
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(agent.clone(), Arc::new(attached));
+            .insert(agent.clone(), Arc::new(AgentSecrets::new(attached)));
         out
     }
 
     /// The placeholders of `agent`'s secrets.
     #[must_use]
     pub fn placeholders(&self, agent: &AgentId) -> Vec<Placeholder> {
-        self.get(agent).map(|a| placeholders_of(&a)).unwrap_or_default()
+        self.get(agent)
+            .map(|a| placeholders_of(&a.attached))
+            .unwrap_or_default()
     }
 
     /// Replace the value of `agent`'s secret `name` (a refreshed token); false when there is no such secret.
+    /// The redactor keeps looking for the replaced value too.
     pub fn update_value(&self, agent: &AgentId, name: &str, value: &SecretValue) -> bool {
         let mut agents = self.agents.write().unwrap_or_else(PoisonError::into_inner);
         let Some(current) = agents.get(agent) else {
@@ -130,20 +198,22 @@ impl SecretTable {
         };
         let mut updated = false;
         let next: Vec<Attached> = current
+            .attached
             .iter()
             .map(|a| {
-                let mut spec = a.spec.clone();
-                if spec.name == name {
-                    spec.value = value.clone();
-                    updated = true;
+                let mut a = a.clone();
+                if a.spec.name == name && a.spec.value != *value {
+                    let old = std::mem::replace(&mut a.spec.value, value.clone());
+                    a.retired.push(old);
+                    if a.retired.len() > RETIRED_KEPT {
+                        a.retired.remove(0);
+                    }
                 }
-                Attached {
-                    spec,
-                    placeholder: a.placeholder.clone(),
-                }
+                updated |= a.spec.name == name;
+                a
             })
             .collect();
-        agents.insert(agent.clone(), Arc::new(next));
+        agents.insert(agent.clone(), Arc::new(AgentSecrets::new(next)));
         updated
     }
 
@@ -155,7 +225,7 @@ impl SecretTable {
             .remove(agent);
     }
 
-    fn get(&self, agent: &AgentId) -> Option<Arc<Vec<Attached>>> {
+    fn get(&self, agent: &AgentId) -> Option<Arc<AgentSecrets>> {
         self.agents
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -175,23 +245,18 @@ fn placeholders_of(attached: &[Attached]) -> Vec<Placeholder> {
         .collect()
 }
 
-/// Whether `haystack` contains `needle`.
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    memmem::find(haystack, needle).is_some()
-}
-
 /// `haystack` with every `needle` replaced by `with`, or `None` when there is none.
 fn replace_all(haystack: &[u8], needle: &[u8], with: &[u8]) -> Option<Vec<u8>> {
-    let mut hits = memmem::find_iter(haystack, needle).peekable();
+    let mut hits = memchr::memmem::find_iter(haystack, needle).peekable();
     hits.peek()?;
     let mut out = Vec::with_capacity(haystack.len() + with.len());
     let mut last = 0;
     for at in hits {
-        out.extend_from_slice(&haystack[last..at]);
+        out.extend_from_slice(haystack.get(last..at).unwrap_or_default());
         out.extend_from_slice(with);
         last = at + needle.len();
     }
-    out.extend_from_slice(&haystack[last..]);
+    out.extend_from_slice(haystack.get(last..).unwrap_or_default());
     Some(out)
 }
 
@@ -208,34 +273,39 @@ fn percent_encode(bytes: &[u8]) -> String {
     out
 }
 
-/// Whether the request head mentions the placeholder prefix at all (the common case is no).
-fn mentions_placeholders(head: &RequestHead) -> bool {
-    // Built once: this runs on every request of every agent with secrets.
-    static PREFIX: std::sync::LazyLock<memmem::Finder<'static>> =
-        std::sync::LazyLock::new(|| memmem::Finder::new(PLACEHOLDER_PREFIX.as_bytes()));
-    PREFIX.find(head.path_and_query.as_bytes()).is_some()
-        || head.headers.iter().any(|(_, v)| PREFIX.find(v).is_some())
+/// Whether `path` (with its query) is under one of `prefixes`: `Some(false)` outside them, `None` when the
+/// path is not in normal form and so cannot be judged (all paths are fine when there are no prefixes).
+fn path_allowed(path_and_query: &str, prefixes: &[String]) -> Option<bool> {
+    if prefixes.is_empty() {
+        return Some(true);
+    }
+    let (path, _) = split_query(path_and_query);
+    if !is_normal_path(path) {
+        return None;
+    }
+    Some(prefixes.iter().any(|p| path.starts_with(p.as_str())))
 }
 
-fn carries(head: &RequestHead, placeholder: &str) -> bool {
-    let p = placeholder.as_bytes();
-    contains(head.path_and_query.as_bytes(), p) || head.headers.iter().any(|(_, v)| contains(v, p))
-}
-
-/// Whether `path` (with its query) is under one of `prefixes` (all paths when there are none).
-fn path_allowed(path_and_query: &str, prefixes: &[String]) -> bool {
-    let path = path_and_query.split('?').next().unwrap_or_default();
-    prefixes.is_empty() || prefixes.iter().any(|p| path.starts_with(p.as_str()))
+/// Whether `hit` sits where one of `secret`'s rules for `host` replaces (or overwrites) its placeholder.
+fn in_its_place(secret: &Attached, host: &str, hit: &Hit) -> bool {
+    secret.spec.rules.iter().filter(|r| r.covers(host)).any(|rule| match (&rule.kind, &hit.place) {
+        // The rule's own header is set from the template: whatever the sandbox wrote there is dropped.
+        (RuleKind::Header { header, .. }, Place::Header(name)) if name == header => true,
+        (RuleKind::Header { also_in, .. }, Place::Header(name)) => hit.exact && also_in.headers.contains(name),
+        (RuleKind::Header { also_in, .. }, Place::Query(name)) => hit.exact && also_in.query.contains(name),
+        (RuleKind::Login { header, .. }, Place::Header(name)) => name == header,
+        _ => false,
+    })
 }
 
 impl SecretInjector for SecretTable {
     fn has_secrets(&self, agent: &AgentId) -> bool {
-        self.get(agent).is_some_and(|a| !a.is_empty())
+        self.get(agent).is_some_and(|a| !a.attached.is_empty())
     }
 
     fn intercepts(&self, agent: &AgentId, host: &str) -> bool {
         self.get(agent)
-            .is_some_and(|a| a.iter().any(|s| s.spec.covers(host)))
+            .is_some_and(|a| a.attached.iter().any(|s| s.spec.covers(host)))
     }
 
     fn rewrite(&self, agent: &AgentId, tls_host: Option<&str>, head: &mut RequestHead) -> InjectOutcome {
@@ -257,30 +327,26 @@ impl SecretInjector for SecretTable {
         }
         if tls_host.is_some()
             && head.method == "POST"
-            && let Some(s) = refresh_secret(&secrets, &head.host, &head.path_and_query)
+            && let Some(s) = refresh_secret(&secrets.attached, &head.host, &head.path_and_query)
         {
             return InjectOutcome::Refresh {
                 secret: s.spec.name.clone(),
             };
         }
-        // The leak guard: a placeholder heading anywhere its secret may not go.
+        let hits = secrets.finder.as_ref().map(|f| f.scan(head)).unwrap_or_default();
         let mut leaked = Vec::new();
-        let mentions = mentions_placeholders(head);
-        if mentions {
-            for s in secrets.iter() {
-                let may_go = tls_host.is_some() && s.spec.covers(&head.host);
-                if !may_go && carries(head, &s.placeholder) {
-                    match self.leak_guard {
-                        LeakGuard::Block => {
-                            return InjectOutcome::Refuse {
-                                status: 403,
-                                reason: DenyReason::PlaceholderLeak,
-                                secret: Some(s.spec.name.clone()),
-                            };
-                        }
-                        LeakGuard::Log => leaked.push(s.spec.name.clone()),
-                    }
+        for hit in &hits {
+            let Some(s) = secrets.attached.get(hit.secret) else { continue };
+            let name = &s.spec.name;
+            if tls_host.is_none() || !s.spec.covers(&head.host) {
+                // The leak guard: a placeholder heading where its secret may never go.
+                match self.leak_guard {
+                    LeakGuard::Block => return refuse(DenyReason::PlaceholderLeak, name),
+                    LeakGuard::Log if !leaked.contains(name) => leaked.push(name.clone()),
+                    LeakGuard::Log => {}
                 }
+            } else if !in_its_place(s, &head.host, hit) {
+                return refuse(DenyReason::PlaceholderMisplaced, name);
             }
         }
         let mut injected = Vec::new();
@@ -289,23 +355,43 @@ impl SecretInjector for SecretTable {
             return InjectOutcome::Forward { injected, leaked };
         }
         let host = head.host.clone();
-        for s in secrets.iter() {
+        for (index, s) in secrets.attached.iter().enumerate() {
+            let carried = hits.iter().any(|h| h.secret == index);
             for rule in s.spec.rules.iter().filter(|r| r.covers(&host)) {
+                let value = s.spec.value.expose();
                 let did = match &rule.kind {
-                    RuleKind::Header { header, template } => {
-                        inject_header(head, header, &template.render(s.spec.value.expose()));
-                        if mentions {
-                            replace_everywhere(head, &s.placeholder, s.spec.value.expose());
+                    RuleKind::Header {
+                        header,
+                        template,
+                        also_in,
+                    } => {
+                        inject_header(head, header, &template.render(value));
+                        if carried {
+                            for name in &also_in.headers {
+                                replace_in_header(head, name, &s.placeholder, value);
+                            }
+                            let encoded = percent_encode(value);
+                            for name in &also_in.query {
+                                if let Some(new) =
+                                    replace_in_query(&head.path_and_query, name, &s.placeholder, &encoded)
+                                {
+                                    head.path_and_query = new;
+                                }
+                            }
                         }
                         true
                     }
                     RuleKind::Login {
                         header,
                         path_prefixes,
-                    } => {
-                        path_allowed(&head.path_and_query, path_prefixes)
-                            && replace_in_header(head, header, &s.placeholder, s.spec.value.expose())
-                    }
+                    } => match path_allowed(&head.path_and_query, path_prefixes) {
+                        Some(true) => replace_in_header(head, header, &s.placeholder, value),
+                        Some(false) => false,
+                        None if carries_in_header(head, header, &s.placeholder) => {
+                            return refuse(DenyReason::AmbiguousPath, &s.spec.name);
+                        }
+                        None => false,
+                    },
                     RuleKind::TokenRefresh { .. } => false,
                 };
                 if did && !injected.contains(&s.spec.name) {
@@ -316,6 +402,10 @@ impl SecretInjector for SecretTable {
         InjectOutcome::Forward { injected, leaked }
     }
 
+    fn redactor(&self, agent: &AgentId) -> Option<Arc<Redactor>> {
+        self.get(agent).and_then(|a| a.redactor.clone())
+    }
+
     fn refresh_request(
         &self,
         agent: &AgentId,
@@ -324,7 +414,7 @@ impl SecretInjector for SecretTable {
         body: &[u8],
     ) -> Option<Zeroizing<Vec<u8>>> {
         let secrets = self.get(agent)?;
-        let s = secrets.iter().find(|s| s.spec.name == secret)?;
+        let s = secrets.attached.iter().find(|s| s.spec.name == secret)?;
         let value = s.spec.value.expose();
         let encoded: Zeroizing<Vec<u8>> = if content_type.contains("json") {
             Zeroizing::new(json_string_body(value)?)
@@ -338,7 +428,7 @@ impl SecretInjector for SecretTable {
 
     fn refresh_response(&self, agent: &AgentId, secret: &str, body: &[u8]) -> Option<Vec<u8>> {
         let secrets = self.get(agent)?;
-        let (refresh, access) = refresh_pair(&secrets, secret)?;
+        let (refresh, access) = refresh_pair(&secrets.attached, secret)?;
         let mut json: serde_json::Value = serde_json::from_slice(body).ok()?;
         let object = json.as_object_mut()?;
         let mut updates = Vec::new();
@@ -367,33 +457,28 @@ impl SecretInjector for SecretTable {
         let Some(secrets) = self.get(agent) else {
             return generic;
         };
-        match refresh_pair(&secrets, secret) {
-            Some((refresh, access)) => redact_values(body, &[refresh, access]),
+        if refresh_pair(&secrets.attached, secret).is_none() {
+            return generic;
+        }
+        // Every form of every value the agent holds, the refreshed pair included.
+        match &secrets.redactor {
+            Some(r) => r.redact(body).unwrap_or_else(|| body.to_vec()),
             None => generic,
         }
     }
 }
 
-/// `body` with every raw, JSON-escaped and percent-encoded occurrence of each secret's value replaced by its
-/// placeholder.
-fn redact_values(body: &[u8], secrets: &[&Attached]) -> Vec<u8> {
-    let mut out = body.to_vec();
-    for s in secrets {
-        let value = s.spec.value.expose();
-        let mut forms = vec![value.to_vec(), percent_encode(value).into_bytes()];
-        forms.extend(json_string_body(value));
-        for form in forms.iter().filter(|f| !f.is_empty()) {
-            if let Some(replaced) = replace_all(&out, form, s.placeholder.as_bytes()) {
-                out = replaced;
-            }
-        }
+fn refuse(reason: DenyReason, secret: &str) -> InjectOutcome {
+    InjectOutcome::Refuse {
+        status: 403,
+        reason,
+        secret: Some(secret.to_owned()),
     }
-    out
 }
 
 /// The agent's refresh-token secret whose rule covers this host and exactly this path, if any.
 fn refresh_secret<'a>(secrets: &'a [Attached], host: &str, path_and_query: &str) -> Option<&'a Attached> {
-    let path = path_and_query.split('?').next().unwrap_or_default();
+    let (path, _) = split_query(path_and_query);
     secrets.iter().find(|s| {
         s.spec
             .rules
@@ -426,22 +511,11 @@ fn inject_header(head: &mut RequestHead, name: &str, value: &[u8]) {
     head.headers.push((name.to_owned(), value.to_vec()));
 }
 
-/// Replace the placeholder in every header value (raw) and in the query string (percent-encoded).
-fn replace_everywhere(head: &mut RequestHead, placeholder: &str, value: &[u8]) {
-    for (_, v) in &mut head.headers {
-        if let Some(new) = replace_all(v, placeholder.as_bytes(), value) {
-            *v = new;
-        }
-    }
-    let encoded = percent_encode(value);
-    if let Some(new) = replace_all(
-        head.path_and_query.as_bytes(),
-        placeholder.as_bytes(),
-        encoded.as_bytes(),
-    ) {
-        // Only ASCII went in (the path was ASCII and the value is percent-encoded).
-        head.path_and_query = String::from_utf8_lossy(&new).into_owned();
-    }
+/// Whether header `name` carries `placeholder` as handed out.
+fn carries_in_header(head: &RequestHead, name: &str, placeholder: &str) -> bool {
+    head.headers
+        .iter()
+        .any(|(n, v)| n == name && memchr::memmem::find(v, placeholder.as_bytes()).is_some())
 }
 
 /// Replace the placeholder inside header `name` only; whether anything was replaced.
@@ -459,289 +533,4 @@ fn replace_in_header(head: &mut RequestHead, name: &str, placeholder: &str, valu
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::secret::{Preset, SecretRule};
-
-    fn head(host: &str, path: &str, headers: &[(&str, &str)]) -> RequestHead {
-        RequestHead {
-            method: "GET".into(),
-            host: host.into(),
-            path_and_query: path.into(),
-            headers: headers
-                .iter()
-                .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
-                .collect(),
-        }
-    }
-
-    fn header<'a>(h: &'a RequestHead, name: &str) -> Vec<&'a [u8]> {
-        h.headers
-            .iter()
-            .filter(|(n, _)| n == name)
-            .map(|(_, v)| v.as_slice())
-            .collect()
-    }
-
-    fn table(guard: LeakGuard) -> (SecretTable, AgentId, String) {
-        let t = SecretTable::new(guard);
-        let a = AgentId::new("a").unwrap();
-        let spec = SecretSpec::new(
-            "api",
-            SecretValue::from("s3cr3t&=x"),
-            Some("API_KEY"),
-            vec![SecretRule::header(&["api.example.test"], "Authorization", "Bearer {{.Value}}").unwrap()],
-        )
-        .unwrap();
-        let p = t.set(&a, vec![spec]).remove(0).placeholder;
-        (t, a, p)
-    }
-
-    // covers: E11, E13
-    #[test]
-    fn sets_the_header_and_replaces_placeholders_in_headers_and_query() {
-        let (t, a, p) = table(LeakGuard::Block);
-        let mut h = head(
-            "api.example.test",
-            &format!("/v1?key={p}&x=1"),
-            &[("x-other", &format!("k={p}"))],
-        );
-        let out = t.rewrite(&a, Some("api.example.test"), &mut h);
-        assert_eq!(
-            out,
-            InjectOutcome::Forward {
-                injected: vec!["api".into()],
-                leaked: vec![]
-            }
-        );
-        assert_eq!(header(&h, "authorization"), [b"Bearer s3cr3t&=x".as_slice()]);
-        assert_eq!(header(&h, "x-other"), [b"k=s3cr3t&=x".as_slice()]);
-        assert_eq!(h.path_and_query, "/v1?key=s3cr3t%26%3Dx&x=1");
-    }
-
-    // covers: E13
-    #[test]
-    fn plain_http_is_never_injected_and_placeholders_there_are_leaks() {
-        let (t, a, p) = table(LeakGuard::Block);
-        let mut h = head("api.example.test", "/", &[]);
-        assert_eq!(
-            t.rewrite(&a, None, &mut h),
-            InjectOutcome::Forward {
-                injected: vec![],
-                leaked: vec![]
-            }
-        );
-        assert!(header(&h, "authorization").is_empty());
-        let mut h = head(
-            "api.example.test",
-            "/",
-            &[("authorization", &format!("Bearer {p}"))],
-        );
-        assert!(matches!(
-            t.rewrite(&a, None, &mut h),
-            InjectOutcome::Refuse {
-                status: 403,
-                reason: DenyReason::PlaceholderLeak,
-                ..
-            }
-        ));
-    }
-
-    #[test]
-    fn leak_guard_blocks_or_logs_placeholders_to_other_hosts() {
-        let (t, a, p) = table(LeakGuard::Block);
-        let mut h = head("echo.example.test", &format!("/?q={p}"), &[]);
-        let out = t.rewrite(&a, Some("echo.example.test"), &mut h);
-        assert_eq!(
-            out,
-            InjectOutcome::Refuse {
-                status: 403,
-                reason: DenyReason::PlaceholderLeak,
-                secret: Some("api".into())
-            }
-        );
-        let (t, a, p) = table(LeakGuard::Log);
-        let mut h = head("echo.example.test", &format!("/?q={p}"), &[]);
-        let out = t.rewrite(&a, Some("echo.example.test"), &mut h);
-        assert_eq!(
-            out,
-            InjectOutcome::Forward {
-                injected: vec![],
-                leaked: vec!["api".into()]
-            }
-        );
-        assert!(
-            h.path_and_query.contains(&p),
-            "a leaked placeholder is never replaced"
-        );
-    }
-
-    #[test]
-    fn host_must_equal_sni() {
-        let (t, a, _) = table(LeakGuard::Block);
-        let mut h = head("other.example.test", "/", &[]);
-        assert!(matches!(
-            t.rewrite(&a, Some("api.example.test"), &mut h),
-            InjectOutcome::Refuse {
-                status: 421,
-                reason: DenyReason::HostMismatch,
-                secret: None
-            }
-        ));
-        assert!(header(&h, "authorization").is_empty());
-    }
-
-    #[test]
-    fn another_agents_placeholder_is_not_replaced() {
-        let (t, _, p) = table(LeakGuard::Block);
-        let b = AgentId::new("b").unwrap();
-        t.set(
-            &b,
-            vec![SecretSpec::preset("gh", Preset::GitHub, "ghp".into(), None).unwrap()],
-        );
-        let mut h = head("api.example.test", "/", &[("x-key", &p)]);
-        let out = t.rewrite(&b, Some("api.example.test"), &mut h);
-        assert_eq!(
-            out,
-            InjectOutcome::Forward {
-                injected: vec![],
-                leaked: vec![]
-            }
-        );
-        assert_eq!(header(&h, "x-key"), [p.as_bytes()]);
-        assert!(!t.intercepts(&b, "api.example.test"));
-        assert!(t.intercepts(&b, "github.com"));
-    }
-
-    // covers: E15
-    #[test]
-    fn login_rules_replace_only_inside_their_header_and_paths() {
-        let t = SecretTable::new(LeakGuard::Block);
-        let a = AgentId::new("a").unwrap();
-        let rule = SecretRule::login(&["chatgpt.com"], "Authorization", &["/backend-api/"]).unwrap();
-        let spec = SecretSpec::new("login", "tok".into(), Some("TOKEN"), vec![rule]).unwrap();
-        let p = t.set(&a, vec![spec]).remove(0).placeholder;
-        let auth = format!("Bearer {p}");
-        let mut h = head(
-            "chatgpt.com",
-            "/backend-api/x",
-            &[("authorization", &auth), ("x-copy", &p)],
-        );
-        let out = t.rewrite(&a, Some("chatgpt.com"), &mut h);
-        assert_eq!(
-            out,
-            InjectOutcome::Forward {
-                injected: vec!["login".into()],
-                leaked: vec![]
-            }
-        );
-        assert_eq!(header(&h, "authorization"), [b"Bearer tok".as_slice()]);
-        assert_eq!(header(&h, "x-copy"), [p.as_bytes()], "only the named header");
-        let mut h = head("chatgpt.com", "/backend-api/x", &[]);
-        t.rewrite(&a, Some("chatgpt.com"), &mut h);
-        assert!(header(&h, "authorization").is_empty(), "never added");
-        let mut h = head("chatgpt.com", "/other", &[("authorization", &auth)]);
-        t.rewrite(&a, Some("chatgpt.com"), &mut h);
-        assert_eq!(
-            header(&h, "authorization"),
-            [auth.as_bytes()],
-            "outside the paths"
-        );
-    }
-
-    // covers: E15
-    #[test]
-    fn token_refresh_keeps_real_tokens_on_the_gateway() {
-        let updates = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let seen = Arc::clone(&updates);
-        let t = SecretTable::new(LeakGuard::Block).with_on_update(Box::new(move |_, name, value| {
-            seen.lock()
-                .unwrap()
-                .push((name.to_owned(), value.expose().to_vec()));
-        }));
-        let a = AgentId::new("a").unwrap();
-        let access_rule = SecretRule::login(&["chatgpt.com"], "authorization", &["/backend-api/"]).unwrap();
-        let refresh_rule = SecretRule::token_refresh(&["auth.openai.com"], "/oauth/token", "access").unwrap();
-        let ph = t.set(
-            &a,
-            vec![
-                SecretSpec::new("access", "at-1".into(), Some("ACCESS"), vec![access_rule]).unwrap(),
-                SecretSpec::new("refresh", "rt-1".into(), Some("REFRESH"), vec![refresh_rule]).unwrap(),
-            ],
-        );
-        let (access_ph, refresh_ph) = (ph[0].placeholder.clone(), ph[1].placeholder.clone());
-        let mut h = head("auth.openai.com", "/oauth/token", &[]);
-        h.method = "POST".into();
-        assert_eq!(
-            t.rewrite(&a, Some("auth.openai.com"), &mut h),
-            InjectOutcome::Refresh {
-                secret: "refresh".into()
-            }
-        );
-        let body = format!(r#"{{"grant_type":"refresh_token","refresh_token":"{refresh_ph}"}}"#);
-        let up = t
-            .refresh_request(&a, "refresh", "application/json", body.as_bytes())
-            .unwrap();
-        assert_eq!(
-            &up[..],
-            br#"{"grant_type":"refresh_token","refresh_token":"rt-1"}"#
-        );
-        assert!(
-            t.refresh_request(&a, "refresh", "application/json", b"{}")
-                .is_none()
-        );
-        let answer = br#"{"access_token":"at-2","refresh_token":"rt-2","id_token":"id","expires_in":3600}"#;
-        let out: serde_json::Value =
-            serde_json::from_slice(&t.refresh_response(&a, "refresh", answer).unwrap()).unwrap();
-        assert_eq!(out["access_token"], access_ph.as_str());
-        assert_eq!(out["refresh_token"], refresh_ph.as_str());
-        assert_eq!(out["id_token"], "id");
-        let seen = updates.lock().unwrap().clone();
-        assert!(
-            seen.contains(&("access".into(), b"at-2".to_vec()))
-                && seen.contains(&("refresh".into(), b"rt-2".to_vec()))
-        );
-        let mut h = head(
-            "chatgpt.com",
-            "/backend-api/me",
-            &[("authorization", &format!("Bearer {access_ph}"))],
-        );
-        t.rewrite(&a, Some("chatgpt.com"), &mut h);
-        assert_eq!(header(&h, "authorization"), [b"Bearer at-2".as_slice()]);
-        let up = t.refresh_request(
-            &a,
-            "refresh",
-            "application/x-www-form-urlencoded",
-            format!("refresh_token={refresh_ph}").as_bytes(),
-        );
-        assert_eq!(&up.unwrap()[..], b"refresh_token=rt-2");
-        // A refused refresh that quotes the token it refused gives the sandbox the placeholder instead.
-        let refused = br#"{"error":"invalid_grant","error_description":"token rt-2 was revoked"}"#;
-        let answer = String::from_utf8(t.refresh_error(&a, "refresh", refused)).unwrap();
-        assert!(
-            !answer.contains("rt-2") && answer.contains(&refresh_ph),
-            "{answer}"
-        );
-    }
-
-    #[test]
-    fn placeholders_survive_a_reset_and_values_update() {
-        let (t, a, p) = table(LeakGuard::Block);
-        let spec = SecretSpec::preset("api", Preset::OpenAi, "v2".into(), None).unwrap();
-        assert_eq!(t.set(&a, vec![spec])[0].placeholder, p);
-        assert!(t.update_value(&a, "api", &"v3".into()));
-        let mut h = head("api.openai.com", "/", &[]);
-        t.rewrite(&a, Some("api.openai.com"), &mut h);
-        assert_eq!(header(&h, "authorization"), [b"Bearer v3".as_slice()]);
-        assert!(!t.update_value(&a, "nope", &"x".into()));
-    }
-
-    #[test]
-    fn secret_values_must_be_header_safe() {
-        let r = Preset::OpenAi.rules();
-        assert!(SecretSpec::new("n", "a\r\nx-evil: 1".into(), None, r.clone()).is_err());
-        assert!(SecretSpec::new("n", "a\0b".into(), None, r).is_err());
-        assert!(SecretRule::header(&["h.test"], "x", "{{.Value}}\\n").is_ok());
-        assert!(SecretRule::header(&["h.test"], "x", "{{print .Value \"\\n\"}}").is_err());
-    }
-}
+mod tests;
