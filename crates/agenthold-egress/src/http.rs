@@ -21,7 +21,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::dial::DialError;
 use crate::gateway::{Shared, Target};
-use crate::io::{SpliceEnd, splice};
+use crate::io::{SpliceEnd, splice_rewriting};
+use crate::scrub;
 use crate::log::{LogEntry, LogKind, PendingEntry};
 use crate::upstream::{LoggedBody, ProxyBody, counted, strip_hop_by_hop, upstream_request};
 
@@ -328,7 +329,7 @@ fn apply_head(req: &mut Request<Incoming>, head: RequestHead) -> Result<(), &'st
     Ok(())
 }
 
-/// Send the request upstream and stream the answer back.
+/// Send the request upstream and stream the answer back (scrubbed, from intercepted hosts: E19).
 async fn forward(
     ctx: &ConnCtx,
     mut req: Request<Incoming>,
@@ -337,79 +338,108 @@ async fn forward(
     entry: LogEntry,
 ) -> Response<ProxyBody> {
     let gw = &ctx.gw;
-    let scheme = if matches!(ctx.mode, Mode::Intercepted { .. }) {
-        "https"
-    } else {
-        "http"
-    };
-    // Keep the client side's upgrade handle before the request moves upstream.
-    let wants_upgrade = req.headers().contains_key(header::UPGRADE);
-    let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
+    let intercepted = matches!(ctx.mode, Mode::Intercepted { .. });
+    let scheme = if intercepted { "https" } else { "http" };
+    let redactor = intercepted
+        .then(|| gw.injector.as_ref().and_then(|i| i.redactor(&ctx.agent)))
+        .flatten();
+    if redactor.is_some() {
+        scrub::prepare_request(req.headers_mut());
+    }
+    // Keep the client side's upgrade handle before the request moves upstream. Only WebSocket upgrades
+    // are carried (E23); any other `Upgrade` is dropped below with the hop-by-hop headers.
+    let websocket = scrub::is_websocket(req.headers());
+    let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
     let mut pending = PendingEntry::new(&gw.log, entry);
     let (parts, body) = req.into_parts();
+    let head_only = parts.method == Method::HEAD;
     let body = counted(body, &pending.counters);
-    let upstream_req = match upstream_request(parts, body, scheme, target, port, wants_upgrade) {
+    let upstream_req = match upstream_request(parts, body, scheme, target, port, websocket) {
         Ok(r) => r,
         Err(problem) => {
             pending.entry.deny(DenyReason::Malformed);
             return refuse_pending(pending, StatusCode::BAD_REQUEST, problem);
         }
     };
-    let client = if wants_upgrade { &gw.client_h1 } else { &gw.client };
-    match client.request(upstream_req).await {
-        Ok(mut resp) => {
-            pending.entry.status = Some(resp.status().as_u16());
-            if resp.status() == StatusCode::SWITCHING_PROTOCOLS
-                && let Some(client_upgrade) = client_upgrade
-            {
-                let upstream_upgrade = hyper::upgrade::on(&mut resp);
-                let idle = gw.timeouts.idle;
-                let cancel = ctx.cancel.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        () = tunnel_upgrade(&mut pending, client_upgrade, upstream_upgrade, idle) => {}
-                        () = cancel.cancelled() => {}
-                    }
-                });
-                let (parts, _) = resp.into_parts();
-                return Response::from_parts(parts, empty());
-            }
-            strip_hop_by_hop(resp.headers_mut(), false);
-            let (parts, body) = resp.into_parts();
-            Response::from_parts(parts, LoggedBody { inner: body, pending }.boxed())
+    let client = if websocket { &gw.client_h1 } else { &gw.client };
+    let mut resp = match client.request(upstream_req).await {
+        Ok(resp) => resp,
+        Err(e) => return upstream_failed(pending, &e),
+    };
+    pending.entry.status = Some(resp.status().as_u16());
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_upgrade) = client_upgrade.filter(|_| scrub::is_websocket(resp.headers())) else {
+            pending.entry.fail("upstream switched to a protocol other than the WebSocket asked for");
+            return refuse_pending(pending, StatusCode::BAD_GATEWAY, "unexpected protocol switch");
+        };
+        if let Some(r) = &redactor {
+            scrub::scrub_headers(r, resp.headers_mut());
         }
-        Err(e) => {
-            let dial = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<DialError>());
-            match dial {
-                Some(d) if d.is_blocked() => {
-                    pending.entry.deny(DenyReason::BlockedAddress);
-                    refuse_pending(pending, StatusCode::FORBIDDEN, "blocked_address")
-                }
-                _ => {
-                    let why = dial.map_or_else(|| e.to_string(), ToString::to_string);
-                    pending.entry.fail(format!("upstream: {why}"));
-                    refuse_pending(
-                        pending,
-                        StatusCode::BAD_GATEWAY,
-                        &format!("upstream failed: {why}"),
-                    )
-                }
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        let idle = gw.timeouts.idle;
+        let cancel = ctx.cancel.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tunnel_upgrade(&mut pending, client_upgrade, upstream_upgrade, idle, redactor) => {}
+                () = cancel.cancelled() => {}
             }
+        });
+        let (parts, _) = resp.into_parts();
+        return Response::from_parts(parts, empty());
+    }
+    strip_hop_by_hop(resp.headers_mut(), false);
+    let bodiless = head_only || matches!(resp.status().as_u16(), 204 | 304);
+    let Some(redactor) = redactor else {
+        let (parts, body) = resp.into_parts();
+        return Response::from_parts(parts, LoggedBody { inner: body, pending }.boxed());
+    };
+    if bodiless {
+        scrub::scrub_headers(&redactor, resp.headers_mut());
+    } else if let Err(scrub::Unscannable(why)) = scrub::response_headers(&redactor, resp.headers_mut()) {
+        pending.entry.fail(why);
+        return refuse_pending(pending, StatusCode::BAD_GATEWAY, why);
+    }
+    let (parts, body) = resp.into_parts();
+    let body = LoggedBody { inner: body, pending }.boxed();
+    Response::from_parts(parts, scrub::RedactedBody::new(body, &redactor).boxed())
+}
+
+/// Answer and log a request the pooled client could not deliver: a guard refusal is a denial (403), any
+/// other failure a 502.
+fn upstream_failed(mut pending: PendingEntry, e: &hyper_util::client::legacy::Error) -> Response<ProxyBody> {
+    let dial = std::error::Error::source(e).and_then(|s| s.downcast_ref::<DialError>());
+    match dial {
+        Some(d) if d.is_blocked() => {
+            pending.entry.deny(DenyReason::BlockedAddress);
+            refuse_pending(pending, StatusCode::FORBIDDEN, "blocked_address")
+        }
+        _ => {
+            let why = dial.map_or_else(|| e.to_string(), ToString::to_string);
+            pending.entry.fail(format!("upstream: {why}"));
+            refuse_pending(
+                pending,
+                StatusCode::BAD_GATEWAY,
+                &format!("upstream failed: {why}"),
+            )
         }
     }
 }
 
-/// Splice an upgraded (WebSocket, …) connection once both sides have switched.
+/// Splice an upgraded WebSocket connection once both sides have switched; what the upstream sends is
+/// scrubbed frame by frame when there is a redactor.
 async fn tunnel_upgrade(
     pending: &mut PendingEntry,
     client: hyper::upgrade::OnUpgrade,
     upstream: hyper::upgrade::OnUpgrade,
     idle: std::time::Duration,
+    redactor: Option<Arc<agenthold_core::secret::Redactor>>,
 ) {
     match tokio::try_join!(client, upstream) {
         Ok((c, u)) => {
+            let mut scrubber = redactor.map(scrub::WsScrubber::new);
+            let rewrite = scrubber.as_mut().map(|s| s as &mut dyn crate::io::Rewrite);
             if let SpliceEnd::Error(e) =
-                splice(TokioIo::new(c), TokioIo::new(u), idle, &pending.counters).await
+                splice_rewriting(TokioIo::new(c), TokioIo::new(u), idle, &pending.counters, rewrite).await
             {
                 pending.entry.fail(format!("upgrade: {e}"));
             }

@@ -200,9 +200,57 @@ where
     }
 }
 
+/// A rewrite of the bytes an upstream sends, applied as they pass (the WebSocket scrubber).
+pub(crate) trait Rewrite: Send {
+    /// Take `input`; append what goes on to `out`. An error closes the connection.
+    fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> io::Result<()>;
+}
+
+/// [`pump`] upstream → client through `rewrite` (counting what the upstream sent).
+async fn pump_rewriting<R, W>(
+    mut from: R,
+    mut to: W,
+    count: &AtomicU64,
+    activity: &Activity,
+    rewrite: &mut dyn Rewrite,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; COPY_BUF];
+    let mut out = Vec::with_capacity(COPY_BUF);
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        out.clear();
+        rewrite.feed(buf.get(..n).unwrap_or_default(), &mut out)?;
+        to.write_all(&out).await?;
+        count.fetch_add(n as u64, Ordering::Relaxed);
+        activity.touch();
+    }
+}
+
 /// Carry bytes both ways between `client` and `upstream` until both directions end, either fails, or
 /// nothing moves for `idle`. Counts land in `counters` whatever happens.
 pub(crate) async fn splice<C, U>(client: C, upstream: U, idle: Duration, counters: &Counters) -> SpliceEnd
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    splice_rewriting(client, upstream, idle, counters, None).await
+}
+
+/// [`splice`], with the upstream's bytes passed through `rewrite` when there is one.
+pub(crate) async fn splice_rewriting<C, U>(
+    client: C,
+    upstream: U,
+    idle: Duration,
+    counters: &Counters,
+    rewrite: Option<&mut dyn Rewrite>,
+) -> SpliceEnd
 where
     C: AsyncRead + AsyncWrite + Unpin,
     U: AsyncRead + AsyncWrite + Unpin,
@@ -211,12 +259,13 @@ where
     activity.touch();
     let (client_r, client_w) = tokio::io::split(client);
     let (up_r, up_w) = tokio::io::split(upstream);
-    let both = async {
-        tokio::try_join!(
-            pump(client_r, up_w, &counters.up, &activity),
-            pump(up_r, client_w, &counters.down, &activity)
-        )
+    let down = async {
+        match rewrite {
+            Some(rewrite) => pump_rewriting(up_r, client_w, &counters.down, &activity, rewrite).await,
+            None => pump(up_r, client_w, &counters.down, &activity).await,
+        }
     };
+    let both = async { tokio::try_join!(pump(client_r, up_w, &counters.up, &activity), down) };
     tokio::select! {
         res = both => match res {
             Ok(_) => SpliceEnd::Closed,

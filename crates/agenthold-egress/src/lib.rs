@@ -28,6 +28,7 @@ pub mod log;
 pub mod netns;
 pub mod nft;
 mod refresh;
+mod scrub;
 pub mod sniff;
 mod tls;
 mod transparent;

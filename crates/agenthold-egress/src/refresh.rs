@@ -127,6 +127,9 @@ pub(crate) async fn answer(
         .counters
         .down
         .fetch_add(out.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    if let Some(redactor) = injector.redactor(&ctx.agent) {
+        crate::scrub::scrub_headers(&redactor, &mut parts.headers);
+    }
     parts.headers.remove(header::CONTENT_ENCODING);
     parts.headers.remove(header::TRANSFER_ENCODING);
     parts
