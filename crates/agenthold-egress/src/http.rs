@@ -22,8 +22,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::dial::DialError;
 use crate::gateway::{Shared, Target};
 use crate::io::{SpliceEnd, splice_rewriting};
-use crate::scrub;
 use crate::log::{LogEntry, LogKind, PendingEntry};
+use crate::scrub;
 use crate::upstream::{LoggedBody, ProxyBody, counted, strip_hop_by_hop, upstream_request};
 
 /// Largest request head accepted from a sandbox (hyper's read buffer cap for HTTP/1, header list cap for
@@ -369,7 +369,9 @@ async fn forward(
     pending.entry.status = Some(resp.status().as_u16());
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(client_upgrade) = client_upgrade.filter(|_| scrub::is_websocket(resp.headers())) else {
-            pending.entry.fail("upstream switched to a protocol other than the WebSocket asked for");
+            pending
+                .entry
+                .fail("upstream switched to a protocol other than the WebSocket asked for");
             return refuse_pending(pending, StatusCode::BAD_GATEWAY, "unexpected protocol switch");
         };
         if let Some(r) = &redactor {

@@ -38,7 +38,9 @@ pub(crate) fn response_headers(redactor: &Redactor, headers: &mut HeaderMap) -> 
         .iter()
         .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
     if encoded {
-        return Err(Unscannable("upstream sent a compressed body, which cannot be scanned for secrets"));
+        return Err(Unscannable(
+            "upstream sent a compressed body, which cannot be scanned for secrets",
+        ));
     }
     scrub_headers(redactor, headers);
     // The body's length changes when a form is replaced.
@@ -55,7 +57,12 @@ pub(crate) fn scrub_headers(redactor: &Redactor, headers: &mut HeaderMap) {
         }
     }
     for (name, old, new) in changed {
-        let kept: Vec<HeaderValue> = headers.get_all(&name).iter().filter(|v| **v != old).cloned().collect();
+        let kept: Vec<HeaderValue> = headers
+            .get_all(&name)
+            .iter()
+            .filter(|v| **v != old)
+            .cloned()
+            .collect();
         headers.remove(&name);
         for v in kept {
             headers.append(&name, v);
@@ -265,7 +272,10 @@ impl WsScrubber {
             return Err("masked WebSocket frame from the server");
         }
         let len = match b1 & 0x7f {
-            126 => u64::from(u16::from_be_bytes([h.get(2).copied().unwrap_or(0), h.get(3).copied().unwrap_or(0)])),
+            126 => u64::from(u16::from_be_bytes([
+                h.get(2).copied().unwrap_or(0),
+                h.get(3).copied().unwrap_or(0),
+            ])),
             127 => {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(h.get(2..10).unwrap_or(&[0; 8]));
@@ -328,7 +338,11 @@ impl WsScrubber {
         if bytes.is_empty() && !last {
             return;
         }
-        let op = if message.started { OP_CONTINUATION } else { message.opcode };
+        let op = if message.started {
+            OP_CONTINUATION
+        } else {
+            message.opcode
+        };
         message.started = true;
         write_frame(out, op, last, &bytes);
         if last {
@@ -450,7 +464,10 @@ mod tests {
     fn headers_are_scrubbed_and_encoded_bodies_refused() {
         let r = redactor();
         let mut h = HeaderMap::new();
-        h.insert("www-authenticate", HeaderValue::from_str(&format!("bad key Bearer {VALUE}")).unwrap());
+        h.insert(
+            "www-authenticate",
+            HeaderValue::from_str(&format!("bad key Bearer {VALUE}")).unwrap(),
+        );
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("10"));
         response_headers(&r, &mut h).unwrap();
         assert_eq!(h["www-authenticate"], format!("bad key {PLACEHOLDER}").as_str());
@@ -460,7 +477,10 @@ mod tests {
         let mut req = HeaderMap::new();
         req.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip, br"));
         req.insert(header::RANGE, HeaderValue::from_static("bytes=0-3"));
-        req.insert(header::SEC_WEBSOCKET_EXTENSIONS, HeaderValue::from_static("permessage-deflate"));
+        req.insert(
+            header::SEC_WEBSOCKET_EXTENSIONS,
+            HeaderValue::from_static("permessage-deflate"),
+        );
         prepare_request(&mut req);
         assert_eq!(req[header::ACCEPT_ENCODING], "identity");
         assert!(req.get(header::RANGE).is_none() && req.get(header::SEC_WEBSOCKET_EXTENSIONS).is_none());
@@ -473,7 +493,10 @@ mod tests {
             let (b0, b1) = (bytes[0], bytes[1]);
             let (len, head) = match b1 & 0x7f {
                 126 => (usize::from(u16::from_be_bytes([bytes[2], bytes[3]])), 4),
-                127 => (usize::try_from(u64::from_be_bytes(bytes[2..10].try_into().unwrap())).unwrap(), 10),
+                127 => (
+                    usize::try_from(u64::from_be_bytes(bytes[2..10].try_into().unwrap())).unwrap(),
+                    10,
+                ),
                 n => (usize::from(n), 2),
             };
             out.push((b0 & 0x0f, b0 & 0x80 != 0, bytes[head..head + len].to_vec()));
@@ -520,8 +543,16 @@ mod tests {
                 }
             }
             let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-            assert_eq!(messages[0], (0x9, PLACEHOLDER.as_bytes().to_vec()), "chunk {chunk}");
-            assert_eq!(text(&messages[1].1), format!("echo: {PLACEHOLDER}"), "chunk {chunk}");
+            assert_eq!(
+                messages[0],
+                (0x9, PLACEHOLDER.as_bytes().to_vec()),
+                "chunk {chunk}"
+            );
+            assert_eq!(
+                text(&messages[1].1),
+                format!("echo: {PLACEHOLDER}"),
+                "chunk {chunk}"
+            );
             assert_eq!(messages[1].0, 0x1);
             assert_eq!(messages[2].0, 0x2);
             assert_eq!(messages[2].1.len(), 70_000 + PLACEHOLDER.len(), "chunk {chunk}");

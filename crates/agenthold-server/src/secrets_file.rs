@@ -7,6 +7,9 @@
 //!   hosts: [api.example.com]
 //!   header: Authorization
 //!   template: "Bearer {{.Value}}"
+//!   also_in:                      # optional: further places the placeholder is replaced in
+//!     headers: [x-goog-api-key]   # (raw); any other place a placeholder appears is refused (403)
+//!     query: [key]                # (percent-encoded); never the path
 //! - name: gh                      # preset rule
 //!   preset: github                # anthropic | openai | github | gitlab | openrouter
 //!   value_env: GH_TOKEN
@@ -28,7 +31,7 @@
 
 use std::path::Path;
 
-use agenthold_core::secret::{Preset, SecretRule, SecretSpec, SecretValue};
+use agenthold_core::secret::{AlsoIn, Preset, SecretRule, SecretSpec, SecretValue};
 use anyhow::{Context, Result, bail};
 
 /// One entry of the file, as written.
@@ -49,6 +52,17 @@ struct Entry {
     paths: Vec<String>,
     token_path: Option<String>,
     access_secret: Option<String>,
+    also_in: Option<AlsoInEntry>,
+}
+
+/// `also_in:` as written.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AlsoInEntry {
+    #[serde(default)]
+    headers: Vec<String>,
+    #[serde(default)]
+    query: Vec<String>,
 }
 
 /// Read and validate a secrets file; values come from the file or from the named environment variables of
@@ -72,7 +86,13 @@ fn spec(e: Entry, env: &impl Fn(&str) -> Option<String>) -> Result<SecretSpec> {
     };
     let value = SecretValue::from(value);
     let spec = if let Some(preset) = &e.preset {
-        if e.hosts.is_some() || e.header.is_some() || e.template.is_some() || e.login || !e.paths.is_empty() {
+        if e.hosts.is_some()
+            || e.header.is_some()
+            || e.template.is_some()
+            || e.login
+            || !e.paths.is_empty()
+            || e.also_in.is_some()
+        {
             bail!("secret {name:?}: a preset takes only name, value or value_env, and env");
         }
         SecretSpec::preset(&name, Preset::from_name(preset)?, value, e.env.as_deref())?
@@ -85,7 +105,12 @@ fn spec(e: Entry, env: &impl Fn(&str) -> Option<String>) -> Result<SecretSpec> {
                 .access_secret
                 .as_deref()
                 .with_context(|| format!("secret {name:?}: `token_path` needs `access_secret`"))?;
-            if e.header.is_some() || e.template.is_some() || e.login || !e.paths.is_empty() {
+            if e.header.is_some()
+                || e.template.is_some()
+                || e.login
+                || !e.paths.is_empty()
+                || e.also_in.is_some()
+            {
                 bail!("secret {name:?}: a token refresh takes hosts, token_path and access_secret only");
             }
             let rule = SecretRule::token_refresh(&hosts, path, access)
@@ -96,6 +121,9 @@ fn spec(e: Entry, env: &impl Fn(&str) -> Option<String>) -> Result<SecretSpec> {
             .header
             .with_context(|| format!("secret {name:?}: `header` is required without a preset"))?;
         let rule = if e.login {
+            if e.also_in.is_some() {
+                bail!("secret {name:?}: a login rule replaces the placeholder in its one header only (no also_in)");
+            }
             if e.template.is_some() {
                 bail!(
                     "secret {name:?}: a login rule replaces the placeholder in place and takes no template"
@@ -107,7 +135,11 @@ fn spec(e: Entry, env: &impl Fn(&str) -> Option<String>) -> Result<SecretSpec> {
                 bail!("secret {name:?}: `paths` is only for login rules");
             }
             let template = e.template.as_deref().unwrap_or("{{.Value}}");
-            SecretRule::header(&hosts, &header, template)
+            let rule = SecretRule::header(&hosts, &header, template);
+            match e.also_in {
+                Some(a) => rule.and_then(|r| r.with_also_in(AlsoIn::new(&a.headers, &a.query)?)),
+                None => rule,
+            }
         }
         .with_context(|| format!("secret {name:?}"))?;
         SecretSpec::new(&name, value, e.env.as_deref(), vec![rule])?
@@ -154,6 +186,42 @@ mod tests {
         assert_eq!(specs[0].env.as_deref(), Some("API_KEY"));
         assert!(specs[1].covers("github.com") && specs[1].covers("api.github.com"));
         assert!(specs[2].covers("chatgpt.com"));
+    }
+
+    // covers: E13
+    #[test]
+    fn also_in_names_further_places_and_is_validated() {
+        let text = "- name: g\n  value: v\n  hosts: [x.test]\n  header: x-goog-api-key\n  \
+                    also_in: {headers: [X-Other], query: [key]}\n";
+        let specs = parse(text, env).unwrap();
+        match &specs[0].rules[0].kind {
+            agenthold_core::secret::RuleKind::Header { also_in, .. } => {
+                assert_eq!(also_in.headers, ["x-other"]);
+                assert_eq!(also_in.query, ["key"]);
+            }
+            other => panic!("{other:?}"),
+        }
+        for (text, needle) in [
+            (
+                "- name: g\n  value: v\n  hosts: [x.test]\n  header: h\n  also_in: {path: [x]}\n",
+                "path",
+            ),
+            (
+                "- name: g\n  value: v\n  hosts: [x.test]\n  header: h\n  also_in: {headers: [h]}\n",
+                "sets anyway",
+            ),
+            (
+                "- name: g\n  value: v\n  preset: openai\n  also_in: {query: [k]}\n",
+                "preset takes only",
+            ),
+            (
+                "- name: g\n  value: v\n  hosts: [x.test]\n  header: h\n  login: true\n  also_in: {query: [k]}\n",
+                "no also_in",
+            ),
+        ] {
+            let err = format!("{:#}", parse(text, env).unwrap_err());
+            assert!(err.contains(needle), "{text}: {err}");
+        }
     }
 
     #[test]

@@ -180,7 +180,11 @@ impl SecretRule {
     /// [`Error::Secret`] when the rule is not a header rule, or `also_in` names the rule's own header.
     pub fn with_also_in(mut self, also_in: AlsoIn) -> Result<Self, Error> {
         match &mut self.kind {
-            RuleKind::Header { header, also_in: slot, .. } => {
+            RuleKind::Header {
+                header,
+                also_in: slot,
+                ..
+            } => {
                 if also_in.headers.contains(header) {
                     return Err(bad_rule(format!(
                         "also_in names {header:?}, the header the rule sets anyway"

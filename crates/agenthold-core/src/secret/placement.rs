@@ -151,7 +151,11 @@ pub(super) fn percent_decode(text: &[u8]) -> Cow<'_, [u8]> {
             i += 1;
         }
     }
-    if changed { Cow::Owned(out) } else { Cow::Borrowed(text) }
+    if changed {
+        Cow::Owned(out)
+    } else {
+        Cow::Borrowed(text)
+    }
 }
 
 fn hex(c: u8) -> Option<u8> {
@@ -188,18 +192,26 @@ fn decode_name(name: &str) -> String {
 /// The parameters of a query string. Both `&` and `;` separate them: some servers split on either, and a
 /// value that hid a second parameter behind `;` must not pass as one named parameter.
 pub(super) fn query_params(query: &str) -> impl Iterator<Item = Param<'_>> {
-    query.split(['&', ';']).filter(|p| !p.is_empty()).map(|p| match p.split_once('=') {
-        Some((name, value)) => Param {
-            name,
-            value: Some(value),
-        },
-        None => Param { name: p, value: None },
-    })
+    query
+        .split(['&', ';'])
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((name, value)) => Param {
+                name,
+                value: Some(value),
+            },
+            None => Param { name: p, value: None },
+        })
 }
 
 /// `path_and_query` with `placeholder` replaced by `encoded` in the values of the parameters named `name`
 /// (decoded); `None` when nothing was replaced.
-pub(super) fn replace_in_query(path_and_query: &str, name: &str, placeholder: &str, encoded: &str) -> Option<String> {
+pub(super) fn replace_in_query(
+    path_and_query: &str,
+    name: &str,
+    placeholder: &str,
+    encoded: &str,
+) -> Option<String> {
     let (path, query) = split_query(path_and_query);
     let mut out = String::with_capacity(path_and_query.len() + encoded.len());
     out.push_str(path);
@@ -301,7 +313,11 @@ mod tests {
             (format!("/?q={twice}"), vec![], Place::Query("q".into())),
             (format!("/?a=1;k={half}"), vec![], Place::Query("k".into())),
             (format!("/?{P}=1"), vec![], Place::QueryName),
-            ("/".into(), vec![("cookie", format!("s={upper}"))], Place::Header("cookie".into())),
+            (
+                "/".into(),
+                vec![("cookie", format!("s={upper}"))],
+                Place::Header("cookie".into()),
+            ),
             ("/".into(), vec![(P, "1".to_owned())], Place::HeaderName),
         ] {
             let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
@@ -310,7 +326,11 @@ mod tests {
             assert_eq!(hits[0].place, want, "{path} {headers:?}");
             assert_eq!(hits[0].secret, 0);
         }
-        assert!(finder().scan(&head("/?q=agenthold-placeholder-other", &[])).is_empty());
+        assert!(
+            finder()
+                .scan(&head("/?q=agenthold-placeholder-other", &[]))
+                .is_empty()
+        );
     }
 
     #[test]

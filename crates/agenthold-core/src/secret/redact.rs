@@ -265,7 +265,11 @@ fn percent_forms(value: &[u8]) -> Vec<Vec<u8>> {
             } else if plus && b == b' ' {
                 out.push(b'+');
             } else {
-                let hex = if upper { b"0123456789ABCDEF" } else { b"0123456789abcdef" };
+                let hex = if upper {
+                    b"0123456789ABCDEF"
+                } else {
+                    b"0123456789abcdef"
+                };
                 out.extend_from_slice(&[b'%', hex[usize::from(b >> 4)], hex[usize::from(b & 15)]]);
             }
         }
@@ -335,9 +339,7 @@ mod tests {
     const VALUE: &[u8] = b"sk-ant-api03-Zx9/+q\"\\w\xc3\xa9 end";
 
     fn redactor() -> Arc<Redactor> {
-        let rendered = vec![Zeroizing::new(
-            [b"Bearer ".as_slice(), VALUE].concat(),
-        )];
+        let rendered = vec![Zeroizing::new([b"Bearer ".as_slice(), VALUE].concat())];
         Arc::new(
             Redactor::new([RedactSource {
                 value: VALUE,
@@ -409,7 +411,11 @@ mod tests {
             assert!(!shows_value(&whole), "{}", String::from_utf8_lossy(&whole));
             for chunk in [1, 2, 3, 5, 7, 16, 64] {
                 let out = stream_through(&r, &body, chunk);
-                assert!(!shows_value(&out), "chunk {chunk}: {}", String::from_utf8_lossy(&out));
+                assert!(
+                    !shows_value(&out),
+                    "chunk {chunk}: {}",
+                    String::from_utf8_lossy(&out)
+                );
                 assert!(
                     String::from_utf8_lossy(&out).contains("agenthold-placeholder-test"),
                     "chunk {chunk}"
@@ -422,7 +428,9 @@ mod tests {
     #[test]
     fn the_rendered_header_value_is_replaced_whole() {
         let r = redactor();
-        let out = r.redact(b"you sent: Bearer sk-ant-api03-Zx9/+q\"\\w\xc3\xa9 end.").unwrap();
+        let out = r
+            .redact(b"you sent: Bearer sk-ant-api03-Zx9/+q\"\\w\xc3\xa9 end.")
+            .unwrap();
         assert_eq!(out, b"you sent: agenthold-placeholder-test.");
     }
 
@@ -485,7 +493,9 @@ mod tests {
                 let text = b64(&embedded);
                 let cores = base64_cores(VALUE);
                 assert!(
-                    cores.iter().any(|c| text.as_bytes().windows(c.len()).any(|w| w == c.as_slice())),
+                    cores
+                        .iter()
+                        .any(|c| text.as_bytes().windows(c.len()).any(|w| w == c.as_slice())),
                     "alignment {align}, neighbours {other:?}"
                 );
             }

@@ -288,14 +288,23 @@ fn path_allowed(path_and_query: &str, prefixes: &[String]) -> Option<bool> {
 
 /// Whether `hit` sits where one of `secret`'s rules for `host` replaces (or overwrites) its placeholder.
 fn in_its_place(secret: &Attached, host: &str, hit: &Hit) -> bool {
-    secret.spec.rules.iter().filter(|r| r.covers(host)).any(|rule| match (&rule.kind, &hit.place) {
-        // The rule's own header is set from the template: whatever the sandbox wrote there is dropped.
-        (RuleKind::Header { header, .. }, Place::Header(name)) if name == header => true,
-        (RuleKind::Header { also_in, .. }, Place::Header(name)) => hit.exact && also_in.headers.contains(name),
-        (RuleKind::Header { also_in, .. }, Place::Query(name)) => hit.exact && also_in.query.contains(name),
-        (RuleKind::Login { header, .. }, Place::Header(name)) => name == header,
-        _ => false,
-    })
+    secret
+        .spec
+        .rules
+        .iter()
+        .filter(|r| r.covers(host))
+        .any(|rule| match (&rule.kind, &hit.place) {
+            // The rule's own header is set from the template: whatever the sandbox wrote there is dropped.
+            (RuleKind::Header { header, .. }, Place::Header(name)) if name == header => true,
+            (RuleKind::Header { also_in, .. }, Place::Header(name)) => {
+                hit.exact && also_in.headers.contains(name)
+            }
+            (RuleKind::Header { also_in, .. }, Place::Query(name)) => {
+                hit.exact && also_in.query.contains(name)
+            }
+            (RuleKind::Login { header, .. }, Place::Header(name)) => name == header,
+            _ => false,
+        })
 }
 
 impl SecretInjector for SecretTable {
@@ -336,7 +345,9 @@ impl SecretInjector for SecretTable {
         let hits = secrets.finder.as_ref().map(|f| f.scan(head)).unwrap_or_default();
         let mut leaked = Vec::new();
         for hit in &hits {
-            let Some(s) = secrets.attached.get(hit.secret) else { continue };
+            let Some(s) = secrets.attached.get(hit.secret) else {
+                continue;
+            };
             let name = &s.spec.name;
             if tls_host.is_none() || !s.spec.covers(&head.host) {
                 // The leak guard: a placeholder heading where its secret may never go.

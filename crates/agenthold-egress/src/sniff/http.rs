@@ -1,5 +1,7 @@
 //! HTTP/1.x request heads (E4, E7): the Host header of plain HTTP, and the absolute-form and CONNECT
-//! targets of the explicit proxy, parsed with `httparse` under stricter rules.
+//! targets of the explicit proxy, parsed with `httparse` under stricter rules. Up to eight empty lines
+//! before the request line are skipped (RFC 9112 §2.2), as hyper, which serves the connection afterwards,
+//! skips them.
 //!
 //! Rules on top of httparse (each one closes a way for the gateway and the upstream to read a head
 //! differently): lines end with CRLF only (a bare CR or a bare LF is `Invalid`); no NUL; no obs-fold
@@ -24,6 +26,8 @@ use super::{Sniff, authority};
 pub const MAX_HEAD_LEN: usize = 64 * 1024;
 /// Most header fields accepted in one head.
 pub const MAX_HEADERS: usize = 100;
+/// Most empty lines accepted before the request line.
+const MAX_EMPTY_LINES: usize = 8;
 /// Longest method token (registered methods have at most 17 characters).
 const MAX_METHOD_LEN: usize = 24;
 /// Longest request line, without its CRLF.
@@ -115,6 +119,30 @@ impl RequestHead {
 /// [`MAX_HEAD_LEN`] bytes): a caller reading many small segments should call again only once the new bytes
 /// contain a `\n` (a head cannot complete otherwise).
 pub fn parse_request_head(buf: &[u8]) -> Sniff<RequestHead> {
+    // RFC 9112 §2.2: a server ignores empty lines before the request line (hyper does), so they are
+    // accepted here too, a bounded number of them.
+    let mut skip = 0;
+    while buf.get(skip..skip + 2) == Some(b"\r\n") {
+        skip += 2;
+        if skip > 2 * MAX_EMPTY_LINES {
+            return Sniff::Invalid("too many empty lines before the request line");
+        }
+    }
+    let rest = buf.get(skip..).unwrap_or_default();
+    if rest.is_empty() || rest == b"\r" {
+        return Sniff::NeedMore;
+    }
+    match parse_head(rest) {
+        Sniff::Done(mut head) => {
+            head.head_len += skip;
+            Sniff::Done(head)
+        }
+        other => other,
+    }
+}
+
+/// [`parse_request_head`] without the leading empty lines.
+fn parse_head(buf: &[u8]) -> Sniff<RequestHead> {
     match request_line_shape(buf) {
         Sniff::Done(()) => {}
         Sniff::NeedMore => return Sniff::NeedMore,

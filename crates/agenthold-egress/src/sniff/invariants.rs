@@ -7,7 +7,10 @@
 
 use std::fmt::Debug;
 
-use super::{MAX_HEAD_LEN, Sniff, TargetForm, parse_client_hello, parse_request_head, split_host_port};
+use super::{
+    MAX_CLASSIFY, MAX_HEAD_LEN, Protocol, Sniff, TargetForm, classify, parse_client_hello,
+    parse_request_head, split_host_port,
+};
 
 /// A split point in `0..=data.len()` derived from the bytes (FNV-1a), so that an input file carries its own
 /// split and a plain ClientHello is a meaningful seed.
@@ -180,5 +183,36 @@ pub(crate) fn connect_line(data: &[u8]) {
             "{:?} splits but its CONNECT head is {other:?}",
             text
         ),
+    }
+}
+
+/// Fuzz target `classify`: arbitrary bytes as the first bytes of a connection. A decision never changes
+/// with more bytes; the cap always decides; and what the strict HTTP parser accepts, or what a lenient
+/// server could read as a request line, is never "other TCP" (E23).
+pub(crate) fn classify_first_bytes(data: &[u8]) {
+    let whole = classify(data);
+    for cut in [split_point(data), data.len() / 2, data.len().saturating_sub(1)] {
+        let prefix = classify(data.get(..cut).unwrap_or(data));
+        if prefix != Protocol::NeedMore {
+            assert_eq!(
+                prefix,
+                whole,
+                "the first {cut} of {} bytes decided differently",
+                data.len()
+            );
+        }
+    }
+    if data.len() >= MAX_CLASSIFY {
+        assert_ne!(whole, Protocol::NeedMore, "undecided at the cap");
+    }
+    if matches!(parse_request_head(data), Sniff::Done(_)) {
+        assert_eq!(
+            whole,
+            Protocol::Http,
+            "a head the strict parser accepts must classify as HTTP"
+        );
+    }
+    if matches!(parse_client_hello(data), Sniff::Done(_)) {
+        assert_eq!(whole, Protocol::Tls);
     }
 }

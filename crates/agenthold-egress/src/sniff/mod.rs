@@ -8,11 +8,13 @@
 //! capped input. The parsers never normalise names: the caller does that once with
 //! [`agenthold_core::policy::normalize_name`].
 //!
-//! The caller's order: [`classify`] on the first byte, then [`parse_client_hello`] or
-//! [`parse_request_head`]; `NotThisProtocol` from either means "other TCP" (decided by the name the agent
-//! resolved for the address).
+//! The caller's order: [`classify`] on the first bytes, then [`parse_client_hello`] or
+//! [`parse_request_head`]. Only [`Protocol::Other`] from `classify` means "other TCP" (decided by the name
+//! the agent resolved for the address); once the bytes look like TLS or HTTP, whatever the strict parser
+//! does not accept is refused (E23).
 
 mod authority;
+mod classify;
 mod http;
 mod tls;
 
@@ -22,6 +24,7 @@ mod invariants;
 mod regressions;
 
 pub use authority::split_host_port;
+pub use classify::{MAX_CLASSIFY, classify};
 pub use http::{MAX_HEAD_LEN, MAX_HEADERS, RequestHead, TargetForm, parse_request_head};
 pub use tls::{ClientHello, MAX_HANDSHAKE_LEN, MAX_RECORDS, parse_client_hello};
 
@@ -39,69 +42,17 @@ pub enum Sniff<T> {
     Invalid(&'static str),
 }
 
-/// What the first bytes of a connection look like, from as few bytes as possible (one).
+/// What the first bytes of a connection are, as [`classify`] decides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Protocol {
-    /// First byte 0x16 (a TLS handshake record): try [`parse_client_hello`].
+    /// First byte 0x16 (a TLS handshake record): parse with [`parse_client_hello`]; anything it does not
+    /// accept is refused.
     Tls,
-    /// First byte an upper-case ASCII letter (the start of a method such as `GET` or `CONNECT`): try
-    /// [`parse_request_head`]. A guess: its `NotThisProtocol` (`SSH-2.0-…` starts with a letter too) means
-    /// [`Protocol::Other`].
+    /// Something a lenient HTTP server could read as a request: parse with [`parse_request_head`]; anything
+    /// it does not accept is refused (never spliced as other TCP).
     Http,
     /// Neither: decide by the name the agent resolved for the destination address.
     Other,
-    /// Nothing received yet.
+    /// Not enough bytes to tell yet.
     NeedMore,
-}
-
-/// Which parser the first bytes of a connection belong to. Looks at the first byte only.
-#[must_use]
-pub fn classify(first_bytes: &[u8]) -> Protocol {
-    match first_bytes.first() {
-        None => Protocol::NeedMore,
-        Some(&tls::HANDSHAKE_RECORD) => Protocol::Tls,
-        Some(b) if b.is_ascii_uppercase() => Protocol::Http,
-        Some(_) => Protocol::Other,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    // covers: E4
-    #[test]
-    fn classify_looks_at_the_first_byte_only() {
-        assert_eq!(classify(b""), Protocol::NeedMore);
-        assert_eq!(classify(&[0x16]), Protocol::Tls);
-        assert_eq!(classify(&[0x16, 0xff, 0xff]), Protocol::Tls);
-        assert_eq!(classify(b"G"), Protocol::Http);
-        assert_eq!(classify(b"CONNECT x:443 HTTP/1.1\r\n"), Protocol::Http);
-        assert_eq!(classify(b"get / HTTP/1.1\r\n"), Protocol::Other);
-        assert_eq!(
-            classify(&[0x80, 0x2e, 0x01]),
-            Protocol::Other,
-            "SSLv2-compatible hello"
-        );
-        assert_eq!(classify(b"\r\nGET / HTTP/1.1\r\n"), Protocol::Other);
-        assert_eq!(classify(&[0x00]), Protocol::Other);
-    }
-
-    // covers: E4
-    #[test]
-    fn classify_agrees_with_the_parsers() {
-        for first in 0..=u8::MAX {
-            let tls = parse_client_hello(&[first]);
-            let http = parse_request_head(&[first]);
-            match classify(&[first]) {
-                Protocol::Tls => assert_eq!(tls, Sniff::NeedMore),
-                Protocol::Http => assert_eq!(http, Sniff::NeedMore),
-                Protocol::Other => {
-                    assert_eq!(tls, Sniff::NotThisProtocol);
-                    assert_eq!(http, Sniff::NotThisProtocol);
-                }
-                Protocol::NeedMore => unreachable!("one byte is enough"),
-            }
-        }
-    }
 }

@@ -47,6 +47,21 @@ fn http_head_seeds_and_regressions() {
     replay("http_head", invariants::http_head);
 }
 
+// covers: E23
+#[test]
+fn classify_seeds_and_regressions() {
+    replay("classify", invariants::classify_first_bytes);
+    // The strict parser's seeds and regressions are first bytes too.
+    for target in ["http_head", "client_hello"] {
+        for path in inputs("seeds", target)
+            .iter()
+            .chain(&inputs("regressions", target))
+        {
+            invariants::classify_first_bytes(&std::fs::read(path).unwrap());
+        }
+    }
+}
+
 // covers: E7
 #[test]
 fn connect_line_seeds_and_regressions() {

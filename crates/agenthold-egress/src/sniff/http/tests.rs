@@ -260,13 +260,35 @@ fn line_rules() {
     assert_eq!(parse_request_head(b"GET / HTTP/1.1\r\nX: a\r\n"), Sniff::NeedMore);
 }
 
+// covers: E23
+#[test]
+fn what_the_strict_parser_calls_not_http_the_classifier_still_calls_http() {
+    // The strict parser's `NotThisProtocol` no longer routes a connection: `classify` does, and every one
+    // of these reads as a request to some lenient server, so it is refused, never spliced as other TCP.
+    for bytes in [
+        &b"get / HTTP/1.1\r\n"[..],
+        b" GET / HTTP/1.1\r\n",
+        b"GET  / HTTP/1.1\r\n",
+        b"GET / http/1.1\r\n",
+        b"GET /a\rb HTTP/1.1\r\n",
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZ / HTTP/1.1\r\n",
+    ] {
+        assert_eq!(
+            crate::sniff::classify(bytes),
+            crate::sniff::Protocol::Http,
+            "{:?}",
+            String::from_utf8_lossy(bytes)
+        );
+        assert!(!matches!(parse_request_head(bytes), Sniff::Done(_)));
+    }
+}
+
 // covers: E4
 #[test]
 fn not_http_is_recognised_from_the_first_bytes() {
     let cases: &[&[u8]] = &[
         b"\x16\x03\x01\x02\x00",
         b"get / HTTP/1.1\r\n",
-        b"\r\nGET / HTTP/1.1\r\n",
         b" GET / HTTP/1.1\r\n",
         b"SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n",
         b"G\0",
@@ -292,6 +314,17 @@ fn not_http_is_recognised_from_the_first_bytes() {
         );
     }
     assert_eq!(parse_request_head(b""), Sniff::NeedMore);
+    // Empty lines before the request line are skipped, as hyper skips them.
+    assert_eq!(parse_request_head(b"\r\n"), Sniff::NeedMore);
+    assert_eq!(parse_request_head(b"\r\n\r"), Sniff::NeedMore);
+    let Sniff::Done(head) = parse_request_head(b"\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n") else {
+        panic!("leading empty lines")
+    };
+    assert_eq!((head.host.as_deref(), head.head_len), (Some("a"), 4 + 27));
+    assert!(matches!(
+        parse_request_head(&b"\r\n".repeat(20)),
+        Sniff::Invalid(_)
+    ));
     assert_eq!(parse_request_head(b"CONNEC"), Sniff::NeedMore);
     assert_eq!(parse_request_head(b"GET /x HTTP"), Sniff::NeedMore);
     assert_eq!(parse_request_head(b"GET /x "), Sniff::NeedMore);

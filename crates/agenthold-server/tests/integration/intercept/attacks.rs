@@ -157,7 +157,7 @@ async fn leak_guard_refuses_placeholders_where_their_secret_may_not_go() {
     );
     sh += &curl(
         "own_host",
-        &format!("--noproxy '*' -o /dev/null -H \"X-Mine: $B_KEY\" https://{B_HOST}/t5"),
+        &format!("--noproxy '*' -H \"X-Mine: $B_KEY\" https://{B_HOST}/t5"),
     );
     let out = world
         .run()
@@ -186,7 +186,12 @@ async fn leak_guard_refuses_placeholders_where_their_secret_may_not_go() {
         );
     }
     assert_eq!(vars["plain_rule_host_clean"], "200", "{out:#?}");
-    assert_eq!(vars["own_host"], "200", "{out:#?}");
+    // E13 as amended: even on its own host, a placeholder outside the rule's header is refused.
+    let own = &vars["own_host"];
+    assert!(
+        own.ends_with(" 403") && own.contains("placeholder_misplaced"),
+        "own_host: {own:?}"
+    );
     // Nothing refused reached an upstream; plain HTTP to the rule host went out without any secret.
     let plain = world.env.http.requests();
     assert_eq!(
@@ -195,15 +200,7 @@ async fn leak_guard_refuses_placeholders_where_their_secret_may_not_go() {
         "{plain:#?}"
     );
     assert_eq!(plain[0].header("authorization"), None);
-    let tls: Vec<_> = world.echo.requests().into_iter().map(|r| r.path).collect();
-    assert_eq!(tls, ["/t5"]);
-    let own = &world.echoed(B_HOST)[0];
-    assert_eq!(own.header("x-api-key"), Some(b.as_str()));
-    assert_eq!(
-        own.header("x-mine"),
-        Some(b.as_str()),
-        "the own placeholder is replaced on its own host"
-    );
+    assert!(world.echo.requests().is_empty(), "{:#?}", world.echo.requests());
     let log = read_log(&log);
     let leaks: Vec<_> = log.iter().filter(|e| e["reason"] == "placeholder_leak").collect();
     assert_eq!(leaks.len(), 8, "{log:#?}");

@@ -247,11 +247,11 @@ async fn node_fetch_is_injected_through_the_transparent_path() {
     assert_eq!(injected, 3, "{log:#?}");
 }
 
-// covers: E13 (placeholders replaced in other header values and, percent-encoded, in the query string;
-// bodies never rewritten)
+// covers: E13 (as amended: the placeholder is replaced in the further headers and, percent-encoded, the
+// query parameters a rule's `also_in` names; bodies are never rewritten)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and nftables: run with make test"]
-async fn placeholders_in_headers_and_query_are_replaced_bodies_are_not() {
+async fn placeholders_are_replaced_where_also_in_names_them_bodies_never() {
     let world = World::new().await;
     // Characters that must be percent-encoded in a query, and that are fine in a header.
     let value = format!("v+1/2=3&x?y#z%-{}", random_hex(8));
@@ -274,7 +274,11 @@ async fn placeholders_in_headers_and_query_are_replaced_bodies_are_not() {
     }
     let out = world
         .run()
-        .secrets(api_secret())
+        .secrets(concat!(
+            "- name: api\n  value_env: API_TOKEN\n  env: API_KEY\n  hosts: [api.example.test]\n  ",
+            "header: Authorization\n  template: \"Bearer {{.Value}}\"\n  ",
+            "also_in: {headers: [x-extra], query: [key]}\n",
+        ))
         .env("API_TOKEN", &value)
         .sh(&sh)
         .await;

@@ -14,12 +14,15 @@
 //!   bodies untouched, presets, the request log (E11–E13, E16).
 //! - [`git`]: `git clone` and `git push` with the `github` preset against a local smart-HTTP server.
 //! - [`attacks`]: splicing of non-rule hosts, the leak guard, the value never readable inside.
+//! - [`echoes`]: upstreams that quote the key back in every form and framing (E19), and placeholders
+//!   refused outside the places their rule names (E13 as amended).
 //! - [`hosts`]: Host ≠ SNI (421, no secret), also as absolute-form URI and as a second Host line.
 //! - [`streams`]: server-sent events, a multi-gigabyte download with bounded memory, WebSocket.
 //! - [`refresh`]: token refresh and login rules (E15), upstream certificate failures.
 
 mod attacks;
 mod clients;
+mod echoes;
 mod git;
 mod hosts;
 mod refresh;

@@ -11,7 +11,12 @@ Routes (every request is recorded, with its headers, as one JSON line):
   /quiet...            answers {"authorized": bool} and never reflects anything of the request
   /sse?events=N&tag=T  server-sent events; after event i (i < N) waits for STATE/go-T-i
   /big?bytes=N         N bytes (Content-Length), generated on the fly
-  /ws                  WebSocket (RFC 6455) echo of text frames
+  /ws                  WebSocket (RFC 6455) echo of text frames; with ?reflect=H it first sends the value of
+                       request header H back, split over fragments, with a ping and a close quoting it
+  /reflect?h=H&form=F  an API that quotes request header H back (the E19 attack): F is raw, json, percent,
+                       base64 or base64url (after &pre=P), header (in X-Echo and WWW-Authenticate), chunks
+                       (the value cut in pieces, each flushed on its own), sse (cut across two writes of
+                       one event) or gzip (compressed although asked for identity)
   /oauth/token         OAuth refresh (form or JSON): new tokens for the current refresh token
   /org/...             git smart HTTP (401 without the right Authorization)
 
@@ -110,7 +115,9 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/big":
             return self.big(int(query["bytes"]))
         if url.path == "/ws":
-            return self.websocket()
+            return self.websocket(query.get("reflect"))
+        if url.path == "/reflect":
+            return self.reflect(query)
         self.rec(self.read_body())
         self.reply(404, {"error": "no such route"})
 
@@ -156,7 +163,54 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             record({"big_sent": sent})
 
-    def websocket(self):
+    def reflect(self, q):
+        self.rec(self.read_body())
+        v = self.headers.get(q.get("h", "Authorization"), "")
+        form = q.get("form", "raw")
+        if form == "raw":
+            return self.reply(401, ("invalid key: " + v).encode(), "text/plain")
+        if form == "json":
+            return self.reply(400, {"error": {"type": "invalid_request_error",
+                                              "message": "Unexpected value(s) `%s` for the header" % v}})
+        if form == "percent":
+            return self.reply(200, ("next=/login%3Fkey%3D" + urllib.parse.quote(v, safe="")).encode(), "text/plain")
+        if form in ("base64", "base64url"):
+            enc = base64.b64encode if form == "base64" else base64.urlsafe_b64encode
+            return self.reply(200, enc((q.get("pre", "") + v + "!").encode()), "text/plain")
+        if form == "header":
+            return self.reply(401, b"{}", extra=[("X-Echo", v),
+                                                  ("WWW-Authenticate", 'Bearer error="invalid_token" t="%s"' % v)])
+        if form in ("chunks", "sse"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream" if form == "sse" else "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            b = v.encode()
+            pieces = [b"data: {\"echo\": \"" + b[:9], b[9:]] if form == "sse" else \
+                [b"quote: " + b[:3]] + [b[i:i + 5] for i in range(3, len(b), 5)]
+            pieces[-1] += b"\"}\n\n" if form == "sse" else b" end"
+            for piece in pieces:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.flush()
+                time.sleep(0.05)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+            return
+        if form == "gzip":
+            import gzip
+            return self.reply(200, gzip.compress(("key " + v).encode()), "text/plain",
+                              extra=[("Content-Encoding", "gzip")])
+        return self.reply(400, {"error": "unknown form"})
+
+    def ws_frame(self, opcode, data, fin=True):
+        head = bytes([(0x80 if fin else 0) | opcode])
+        if len(data) < 126:
+            head += bytes([len(data)])
+        else:
+            head += bytes([126]) + struct.pack(">H", len(data))
+        self.wfile.write(head + data)
+
+    def websocket(self, reflect=None):
         key = self.headers.get("Sec-WebSocket-Key")
         if self.headers.get("Upgrade", "").lower() != "websocket" or not key:
             self.rec(upgrade=False)
@@ -172,6 +226,17 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
         self.close_connection = True
+        if reflect:
+            v = self.headers.get(reflect, "").encode()
+            self.ws_frame(1, b"you sent: " + v[:6], fin=False)
+            self.wfile.flush()
+            time.sleep(0.05)
+            self.ws_frame(9, v)
+            self.ws_frame(0, v[6:], fin=False)
+            self.wfile.flush()
+            time.sleep(0.05)
+            self.ws_frame(0, b" (end)")
+            self.wfile.flush()
         while True:
             head = self.rfile.read(2)
             if len(head) < 2:
