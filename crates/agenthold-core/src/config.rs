@@ -74,6 +74,17 @@ pub struct EgressConfig {
     pub connect_timeout_secs: u64,
     /// Seconds after which a spliced or proxied connection idle in both directions is closed. Default: `600`.
     pub idle_timeout_secs: u64,
+    /// Bytes of request log kept per agent, besides `log_keep` (fields are cut to documented lengths; the
+    /// oldest entries go first and are counted). Default: `2097152` (2 MiB); at least `4096`.
+    pub log_max_bytes: usize,
+    /// Connections the gateway holds at once, all agents together (each may use six descriptors).
+    /// Default: `0`, meaning derived from the descriptor limit (raised to its hard limit at start).
+    pub max_connections: usize,
+    /// Connections one agent may hold at once: client connections, CONNECT tunnels and WebSockets.
+    /// Default: `1024`.
+    pub max_connections_per_agent: usize,
+    /// Requests one agent may have in flight upstream at once (HTTP and intercepted HTTPS). Default: `256`.
+    pub max_requests_per_agent: usize,
 }
 
 impl Default for EgressConfig {
@@ -90,6 +101,10 @@ impl Default for EgressConfig {
             sniff_timeout_secs: 10,
             connect_timeout_secs: 10,
             idle_timeout_secs: 600,
+            log_max_bytes: 2 * 1024 * 1024,
+            max_connections: 0,
+            max_connections_per_agent: 1024,
+            max_requests_per_agent: 256,
         }
     }
 }
@@ -382,6 +397,20 @@ impl Config {
         }
         if e.log_keep == 0 {
             return fail("egress.log_keep", "must be at least 1, found 0".into());
+        }
+        if e.log_max_bytes < 4096 {
+            return fail(
+                "egress.log_max_bytes",
+                format!("must be at least 4096, found {}", e.log_max_bytes),
+            );
+        }
+        for (key, n) in [
+            ("egress.max_connections_per_agent", e.max_connections_per_agent),
+            ("egress.max_requests_per_agent", e.max_requests_per_agent),
+        ] {
+            if n == 0 {
+                return fail(key, "must be at least 1, found 0".into());
+            }
         }
         if !e.dns_upstream.is_empty() && parse_dns_upstream(&e.dns_upstream).is_none() {
             return fail(

@@ -19,11 +19,13 @@ use agenthold_core::secret::SecretInjector;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::budget::{AgentBudget, Budget};
 use crate::ca::CertificateAuthority;
 use crate::dial::{Dialer, Resolve};
 use crate::dns;
 use crate::error::{Error, Result};
 use crate::log::RequestLog;
+use crate::open::OpenConnections;
 use crate::upstream::HttpClient;
 
 /// Timeouts of every network wait in the gateway.
@@ -107,6 +109,10 @@ pub(crate) struct Shared {
     pub(crate) client_h1: HttpClient,
     pub(crate) timeouts: Timeouts,
     pub(crate) disabled: bool,
+    /// Connection and request budgets (E20).
+    pub(crate) budget: Arc<Budget>,
+    /// Open long-lived connections, swept on policy changes (E21).
+    pub(crate) open: Arc<OpenConnections>,
 }
 
 impl Shared {
@@ -156,8 +162,67 @@ pub struct GatewayBuilder {
     resolver: Option<Arc<dyn Resolve>>,
     timeouts: Timeouts,
     log_keep: usize,
+    log_max_bytes: usize,
+    limits: Limits,
     disabled: bool,
     dangerous: Dangerous,
+}
+
+/// Budgets of the gateway (E20); see `egress.max_*` in the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections at once, all agents together (0: derived from the descriptor limit).
+    pub connections: usize,
+    /// Connections one agent may hold at once (client connections, CONNECT tunnels, WebSockets).
+    pub connections_per_agent: usize,
+    /// Requests one agent may have in flight upstream.
+    pub requests_per_agent: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            connections: 0,
+            connections_per_agent: 1024,
+            requests_per_agent: 256,
+        }
+    }
+}
+
+/// What the gateway holds and has refused (for `/metrics`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct GatewayStats {
+    /// Connections held now, all agents together.
+    pub connections: usize,
+    /// The gateway-wide connection limit in force.
+    pub connection_limit: usize,
+    /// Connections refused because a budget was spent.
+    pub refused_connections: u64,
+    /// Upstream requests refused because an agent had too many in flight.
+    pub refused_requests: u64,
+    /// Long-lived connections open (spliced, tunnels, WebSockets, streaming answers).
+    pub open: usize,
+}
+
+/// What one agent holds and has lost (for `/metrics`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct AgentStats {
+    /// Connections held now.
+    pub connections: usize,
+    /// Requests in flight upstream now.
+    pub requests: usize,
+    /// Long-lived connections open now.
+    pub open: usize,
+    /// Connections refused because a budget was spent.
+    pub refused_connections: u64,
+    /// Requests refused because too many were in flight.
+    pub refused_requests: u64,
+    /// Request log entries that fell out of the agent's ring.
+    pub log_dropped: u64,
+    /// Bytes of request log held for the agent.
+    pub log_bytes: usize,
 }
 
 impl fmt::Debug for GatewayBuilder {
@@ -223,6 +288,20 @@ impl GatewayBuilder {
         self
     }
 
+    /// Bytes of request log kept per agent (default 2 MiB).
+    #[must_use]
+    pub fn log_max_bytes(mut self, bytes: usize) -> Self {
+        self.log_max_bytes = bytes;
+        self
+    }
+
+    /// Connection and request budgets (default [`Limits::default`]).
+    #[must_use]
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// Refuse everything (`egress.disabled`).
     #[must_use]
     pub fn disabled(mut self, disabled: bool) -> Self {
@@ -238,6 +317,12 @@ impl GatewayBuilder {
     pub fn config(mut self, egress: &EgressConfig) -> Result<Self> {
         self.timeouts = Timeouts::from_config(egress);
         self.log_keep = egress.log_keep;
+        self.log_max_bytes = egress.log_max_bytes;
+        self.limits = Limits {
+            connections: egress.max_connections,
+            connections_per_agent: egress.max_connections_per_agent,
+            requests_per_agent: egress.max_requests_per_agent,
+        };
         self.disabled = egress.disabled;
         if self.dns_upstream.is_none() {
             self.dns_upstream = Some(egress.dns_upstream()?);
@@ -292,7 +377,7 @@ impl GatewayBuilder {
             policy,
             injector: self.injector,
             tls_server,
-            log: Arc::new(RequestLog::new(self.log_keep)),
+            log: Arc::new(RequestLog::with_limits(self.log_keep, self.log_max_bytes)),
             records: Arc::new(dns::Records::new()),
             client: crate::upstream::client(dialer.clone(), Arc::clone(&tls_client), self.timeouts.connect),
             client_h1: crate::upstream::client(
@@ -303,14 +388,23 @@ impl GatewayBuilder {
             dialer,
             timeouts: self.timeouts,
             disabled: self.disabled,
+            budget: Arc::new(Budget::new(
+                self.limits.connections,
+                self.limits.connections_per_agent,
+                self.limits.requests_per_agent,
+            )),
+            open: Arc::new(OpenConnections::default()),
         });
+        let root = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        tasks.spawn(OpenConnections::sweep_forever(Arc::clone(&shared), root.clone()));
         Ok(Gateway {
             shared,
             upstream,
             synthetic,
             agents: Mutex::new(HashMap::new()),
-            root: CancellationToken::new(),
-            tasks: TaskTracker::new(),
+            root,
+            tasks,
         })
     }
 }
@@ -320,7 +414,7 @@ pub struct Gateway {
     shared: Arc<Shared>,
     upstream: Arc<dns::Upstream>,
     synthetic: Arc<dns::SyntheticNames>,
-    agents: Mutex<HashMap<AgentId, CancellationToken>>,
+    agents: Mutex<HashMap<AgentId, (CancellationToken, Arc<AgentBudget>)>>,
     root: CancellationToken,
     tasks: TaskTracker,
 }
@@ -345,6 +439,8 @@ impl Gateway {
             resolver: None,
             timeouts: Timeouts::default(),
             log_keep: 5000,
+            log_max_bytes: crate::log::DEFAULT_MAX_BYTES,
+            limits: Limits::default(),
             disabled: false,
             dangerous: Dangerous::default(),
         }
@@ -363,9 +459,17 @@ impl Gateway {
     /// When a socket cannot be registered with the runtime.
     pub fn attach(&self, agent: &AgentId, sockets: AgentSockets) -> Result<()> {
         let token = self.root.child_token();
-        if let Some(old) = self.lock_agents().insert(agent.clone(), token.clone()) {
-            old.cancel();
-        }
+        let budget = {
+            let mut agents = self.lock_agents();
+            // A re-attached agent keeps its budget: its connections from before still count.
+            let budget = agents
+                .get(agent)
+                .map_or_else(Arc::default, |(_, b)| Arc::clone(b));
+            if let Some((old, _)) = agents.insert(agent.clone(), (token.clone(), Arc::clone(&budget))) {
+                old.cancel();
+            }
+            budget
+        };
         let tcp = |l: std::net::TcpListener| -> Result<tokio::net::TcpListener> {
             l.set_nonblocking(true).map_err(|e| Error::io("listener", e))?;
             tokio::net::TcpListener::from_std(l).map_err(|e| Error::io("listener", e))
@@ -375,6 +479,7 @@ impl Gateway {
             self.tasks.spawn(crate::transparent::serve(
                 Arc::clone(&self.shared),
                 agent.clone(),
+                Arc::clone(&budget),
                 l,
                 token.clone(),
             ));
@@ -384,6 +489,7 @@ impl Gateway {
             self.tasks.spawn(crate::explicit::serve(
                 Arc::clone(&self.shared),
                 agent.clone(),
+                Arc::clone(&budget),
                 l,
                 token.clone(),
             ));
@@ -418,7 +524,7 @@ impl Gateway {
 
     /// Stop serving `agent`: its listeners close and its open connections are dropped.
     pub fn detach(&self, agent: &AgentId) {
-        if let Some(token) = self.lock_agents().remove(agent) {
+        if let Some((token, _)) = self.lock_agents().remove(agent) {
             token.cancel();
         }
         self.shared.records.forget(agent);
@@ -431,7 +537,37 @@ impl Gateway {
         let _ = tokio::time::timeout(grace, self.tasks.wait()).await;
     }
 
-    fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, CancellationToken>> {
+    /// What the gateway holds and has refused.
+    #[must_use]
+    pub fn stats(&self) -> GatewayStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let b = &self.shared.budget;
+        GatewayStats {
+            connections: b.used(),
+            connection_limit: b.total(),
+            refused_connections: b.refused.connections.load(Relaxed),
+            refused_requests: b.refused.requests.load(Relaxed),
+            open: self.shared.open.count(None),
+        }
+    }
+
+    /// What `agent` holds and has lost; `None` when it is not attached.
+    #[must_use]
+    pub fn agent_stats(&self, agent: &AgentId) -> Option<AgentStats> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let budget = self.lock_agents().get(agent).map(|(_, b)| Arc::clone(b))?;
+        Some(AgentStats {
+            connections: budget.connections(),
+            requests: budget.requests(),
+            open: self.shared.open.count(Some(agent)),
+            refused_connections: budget.refused.connections.load(Relaxed),
+            refused_requests: budget.refused.requests.load(Relaxed),
+            log_dropped: self.shared.log.dropped(agent),
+            log_bytes: self.shared.log.bytes(agent),
+        })
+    }
+
+    fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, (CancellationToken, Arc<AgentBudget>)>> {
         self.agents.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -30,6 +30,10 @@ use crate::upstream::{LoggedBody, ProxyBody, counted, strip_hop_by_hop, upstream
 /// HTTP/2).
 const MAX_HEAD: usize = 64 * 1024;
 
+/// Streams a sandbox may open at once on one HTTP/2 connection (each is an upstream request, which the
+/// agent's request budget bounds as well).
+const MAX_STREAMS: u32 = 100;
+
 /// How requests reached the gateway on one client connection.
 #[derive(Debug, Clone)]
 pub(crate) enum Mode {
@@ -60,6 +64,8 @@ pub(crate) enum Proto {
 pub(crate) struct ConnCtx {
     pub(crate) gw: Arc<Shared>,
     pub(crate) agent: AgentId,
+    /// The agent's share of the gateway's budgets (E20).
+    pub(crate) budget: Arc<crate::budget::AgentBudget>,
     pub(crate) mode: Mode,
     /// Fires when the agent is detached or the gateway shuts down; tasks spawned for this connection
     /// (tunnels, upgrades) end with it.
@@ -95,6 +101,7 @@ where
             Proto::Http2 => {
                 hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                     .timer(TokioTimer::new())
+                    .max_concurrent_streams(MAX_STREAMS)
                     .max_header_list_size(u32::try_from(MAX_HEAD).unwrap_or(u32::MAX))
                     .auto_date_header(false)
                     .serve_connection(io, service)
@@ -349,6 +356,21 @@ async fn forward(
     // Keep the client side's upgrade handle before the request moves upstream. Only WebSocket upgrades
     // are carried (E23); any other `Upgrade` is dropped below with the hop-by-hop headers.
     let websocket = scrub::is_websocket(req.headers());
+    // Budgets (E20): every request in flight upstream, and a WebSocket as the connection it becomes.
+    let Some(request_permit) = gw.budget.request(&ctx.budget) else {
+        let mut entry = entry;
+        entry.deny(DenyReason::OverBudget);
+        return refuse(gw, entry, StatusCode::SERVICE_UNAVAILABLE, "over_budget");
+    };
+    let ws_permit = match websocket.then(|| gw.budget.connection(&ctx.budget)) {
+        Some(None) => {
+            let mut entry = entry;
+            entry.deny(DenyReason::OverBudget);
+            return refuse(gw, entry, StatusCode::SERVICE_UNAVAILABLE, "over_budget");
+        }
+        Some(Some(permit)) => Some(permit),
+        None => None,
+    };
     let client_upgrade = websocket.then(|| hyper::upgrade::on(&mut req));
     let mut pending = PendingEntry::new(&gw.log, entry);
     let (parts, body) = req.into_parts();
@@ -380,10 +402,17 @@ async fn forward(
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         let idle = gw.timeouts.idle;
         let cancel = ctx.cancel.clone();
+        let registration = gw.open.register(&ctx.agent, target, port);
+        pending.opened();
         tokio::spawn(async move {
-            tokio::select! {
-                () = tunnel_upgrade(&mut pending, client_upgrade, upstream_upgrade, idle, redactor) => {}
-                () = cancel.cancelled() => {}
+            let _permit = ws_permit;
+            let revoked = tokio::select! {
+                () = tunnel_upgrade(&mut pending, client_upgrade, upstream_upgrade, idle, redactor) => false,
+                () = registration.revoke.cancelled() => true,
+                () = cancel.cancelled() => false,
+            };
+            if revoked {
+                pending.revoked();
             }
         });
         let (parts, _) = resp.into_parts();
@@ -391,9 +420,12 @@ async fn forward(
     }
     strip_hop_by_hop(resp.headers_mut(), false);
     let bodiless = head_only || matches!(resp.status().as_u16(), 204 | 304);
+    let body = |inner, pending| {
+        LoggedBody::new(inner, pending, request_permit, gw.open.register(&ctx.agent, target, port)).boxed()
+    };
     let Some(redactor) = redactor else {
-        let (parts, body) = resp.into_parts();
-        return Response::from_parts(parts, LoggedBody { inner: body, pending }.boxed());
+        let (parts, inner) = resp.into_parts();
+        return Response::from_parts(parts, body(inner, pending));
     };
     if bodiless {
         scrub::scrub_headers(&redactor, resp.headers_mut());
@@ -401,9 +433,8 @@ async fn forward(
         pending.entry.fail(why);
         return refuse_pending(pending, StatusCode::BAD_GATEWAY, why);
     }
-    let (parts, body) = resp.into_parts();
-    let body = LoggedBody { inner: body, pending }.boxed();
-    Response::from_parts(parts, scrub::RedactedBody::new(body, &redactor).boxed())
+    let (parts, inner) = resp.into_parts();
+    Response::from_parts(parts, scrub::RedactedBody::new(body(inner, pending), &redactor).boxed())
 }
 
 /// Answer and log a request the pooled client could not deliver: a guard refusal is a denial (403), any

@@ -1,7 +1,9 @@
 //! TLS interception (E13, E14): for a host one of the agent's secret rules covers, the gateway terminates
 //! the sandbox's TLS with a leaf minted by the installation's CA, serves HTTP/1.1 or HTTP/2 (by ALPN) on
 //! it, and forwards each request, injected, over verified TLS to the real upstream. Every other host is
-//! spliced untouched; this module never sees it.
+//! spliced untouched; this module never sees it. Interception starts only once the bytes are a ClientHello
+//! (on any port), never because of a port or a CONNECT target: a rule host reached with something other
+//! than TLS is decided like any other connection.
 
 use std::sync::Arc;
 
@@ -11,6 +13,7 @@ use futures_util::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::AgentBudget;
 use crate::gateway::Shared;
 use crate::http::{ConnCtx, Mode, Proto};
 use crate::log::{LogEntry, LogKind};
@@ -28,6 +31,7 @@ pub(crate) fn wanted(gw: &Shared, agent: &AgentId, host: &str) -> bool {
 pub(crate) fn serve<IO>(
     gw: Arc<Shared>,
     agent: AgentId,
+    budget: Arc<AgentBudget>,
     io: IO,
     sni: String,
     port: u16,
@@ -36,12 +40,13 @@ pub(crate) fn serve<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    Box::pin(serve_tls(gw, agent, io, sni, port, cancel))
+    Box::pin(serve_tls(gw, agent, budget, io, sni, port, cancel))
 }
 
 async fn serve_tls<IO>(
     gw: Arc<Shared>,
     agent: AgentId,
+    budget: Arc<AgentBudget>,
     io: IO,
     sni: String,
     port: u16,
@@ -68,6 +73,7 @@ async fn serve_tls<IO>(
     let ctx = Arc::new(ConnCtx {
         gw,
         agent,
+        budget,
         mode: Mode::Intercepted { sni, port },
         cancel,
     });

@@ -10,15 +10,23 @@
 //! - [`netns`]: opening sockets and running commands inside another network namespace.
 //! - [`nft`]: the nftables ruleset of the gateway's network namespace.
 //!
-//! Internally, `transparent` and `explicit` accept connections, `http` handles requests (injection included), `intercept`
-//! terminates TLS for secret rule hosts, `upstream` is the pooled upstream client, `dial` resolves and guards upstream addresses, and `io` splices bytes.
+//! - [`budget`]: connection, descriptor and request budgets per agent and for the whole gateway (E20).
+//!
+//! Internally, `transparent` and `explicit` accept connections, `flow` decides what a connection's bytes
+//! are (TLS by SNI, HTTP by Host, other TCP by resolved name; E23) for both, `http` handles requests
+//! (injection included), `intercept` terminates TLS for secret rule hosts, `scrub` removes secret values
+//! from their answers (E19), `upstream` is the pooled upstream client, `dial` resolves and guards upstream
+//! addresses, `open` tracks long-lived connections and closes those a policy change denies (E21), and `io`
+//! splices bytes.
 #![forbid(unsafe_code)]
 
+pub mod budget;
 pub mod ca;
 mod dial;
 pub mod dns;
 mod error;
 mod explicit;
+mod flow;
 pub mod gateway;
 pub mod guard;
 mod http;
@@ -27,6 +35,7 @@ mod io;
 pub mod log;
 pub mod netns;
 pub mod nft;
+mod open;
 mod refresh;
 mod scrub;
 pub mod sniff;
@@ -37,4 +46,4 @@ mod upstream;
 pub use ca::CertificateAuthority;
 pub use dial::{DialError, Resolve};
 pub use error::{Error, Result};
-pub use gateway::{AgentSockets, Dangerous, Gateway, GatewayBuilder, Timeouts};
+pub use gateway::{AgentSockets, AgentStats, Dangerous, Gateway, GatewayBuilder, GatewayStats, Limits, Timeouts};

@@ -1,8 +1,14 @@
-//! The request log (E16): per agent, the newest `log_keep` entries, readable as a snapshot and as a live
-//! stream, serialisable as JSON lines.
+//! The request log (E16): per agent, the newest `log_keep` entries within `log_max_bytes`, readable as a
+//! snapshot and as a live stream, serialisable as JSON lines.
 //!
-//! Every DNS query, connection and HTTP request the gateway decides on is one [`LogEntry`]. Spliced
-//! connections are recorded when they close, with the bytes that crossed in each direction.
+//! Every DNS query, connection and HTTP request the gateway decides on is one [`LogEntry`]. A long-lived
+//! connection (spliced TLS or TCP, a CONNECT tunnel, a WebSocket) is recorded twice: when it opens
+//! (`phase: open`) and when it closes (`phase: closed`, with the bytes that crossed each way, and the reason
+//! `revoked` when a policy change closed it).
+//!
+//! Memory is bounded (E20): text fields are cut to [`MAX_HOST`], [`MAX_METHOD`], [`MAX_PATH`] and
+//! [`MAX_REASON`] bytes (a cut field ends with `…`), and each agent's ring holds at most `keep` entries and
+//! `max_bytes` bytes of them; what falls out is counted per agent ([`RequestLog::dropped`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,6 +32,27 @@ pub enum LogKind {
     /// A CONNECT tunnel through the explicit proxy.
     Connect,
 }
+
+/// Where a long-lived connection's entry stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Written when the connection opened (its byte counts are zero).
+    Open,
+    /// Written when it closed, with the bytes each way.
+    Closed,
+}
+
+/// Longest host kept in an entry, in bytes.
+pub const MAX_HOST: usize = 255;
+/// Longest method (or DNS query type) kept.
+pub const MAX_METHOD: usize = 32;
+/// Longest path kept.
+pub const MAX_PATH: usize = 1024;
+/// Longest reason or secret name list kept.
+pub const MAX_REASON: usize = 256;
+/// What an entry costs besides its text, for the byte budget.
+const ENTRY_OVERHEAD: usize = 192;
 
 /// Whether traffic was let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -68,6 +95,10 @@ pub struct LogEntry {
     pub bytes_up: u64,
     /// Bytes from the upstream towards the sandbox.
     pub bytes_down: u64,
+    /// For long-lived connections: whether this entry is the one written when it opened or when it closed;
+    /// `null` for one-shot entries (DNS queries, HTTP requests, refusals).
+    #[serde(default)]
+    pub phase: Option<Phase>,
 }
 
 impl LogEntry {
@@ -94,6 +125,7 @@ impl LogEntry {
             secret: None,
             bytes_up: 0,
             bytes_down: 0,
+            phase: None,
         }
     }
 
@@ -116,12 +148,48 @@ impl LogEntry {
         self.reason = Some(reason.into());
     }
 
+    /// Cut every text field to its limit.
+    fn truncate(&mut self) {
+        cut(&mut self.host, MAX_HOST);
+        cut(&mut self.method, MAX_METHOD);
+        cut(&mut self.path, MAX_PATH);
+        cut(&mut self.reason, MAX_REASON);
+        cut(&mut self.secret, MAX_REASON);
+    }
+
+    /// What this entry costs in the byte budget.
+    fn cost(&self) -> usize {
+        let text = |f: &Option<String>| f.as_ref().map_or(0, String::len);
+        ENTRY_OVERHEAD
+            + self.time.len()
+            + self.agent.as_str().len()
+            + text(&self.host)
+            + text(&self.method)
+            + text(&self.path)
+            + text(&self.reason)
+            + text(&self.secret)
+    }
+
     /// The entry as one line of JSON (no trailing newline).
     #[must_use]
     pub fn to_json_line(&self) -> String {
         // Serialising a struct of strings and numbers cannot fail.
         serde_json::to_string(self).unwrap_or_default()
     }
+}
+
+/// Cut `field` to at most `max` bytes at a character boundary, ending it with `…` when cut.
+fn cut(field: &mut Option<String>, max: usize) {
+    let Some(text) = field else { return };
+    if text.len() <= max {
+        return;
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push('…');
 }
 
 /// The current time in RFC 3339, UTC, millisecond precision.
@@ -154,6 +222,7 @@ pub(crate) struct PendingEntry {
     log: Arc<RequestLog>,
     pub(crate) entry: LogEntry,
     pub(crate) counters: Arc<Counters>,
+    discarded: bool,
 }
 
 impl PendingEntry {
@@ -162,51 +231,123 @@ impl PendingEntry {
             log: Arc::clone(log),
             entry,
             counters: Arc::default(),
+            discarded: false,
         }
+    }
+
+    /// The connection is long-lived: record its `open` entry now; the entry recorded at the end is its
+    /// `closed` entry.
+    pub(crate) fn opened(&mut self) {
+        let mut open = self.entry.clone();
+        open.phase = Some(Phase::Open);
+        self.log.record(open);
+        self.entry.phase = Some(Phase::Closed);
+    }
+
+    /// A policy change closed the connection (E21).
+    pub(crate) fn revoked(&mut self) {
+        self.entry.deny(DenyReason::Revoked);
+    }
+
+    /// Record nothing after all (the connection was handed on before anything crossed).
+    pub(crate) fn discard(mut self) {
+        self.discarded = true;
     }
 }
 
 impl Drop for PendingEntry {
     fn drop(&mut self) {
+        if self.discarded {
+            return;
+        }
         (self.entry.bytes_up, self.entry.bytes_down) = self.counters.get();
         self.log.record(self.entry.clone());
     }
+}
+
+/// One agent's ring.
+#[derive(Debug, Default)]
+struct Ring {
+    entries: VecDeque<(Arc<LogEntry>, usize)>,
+    bytes: usize,
+    dropped: u64,
 }
 
 /// Per-agent ring buffers of log entries plus a live stream of every new entry.
 #[derive(Debug)]
 pub struct RequestLog {
     keep: usize,
-    agents: Mutex<HashMap<AgentId, VecDeque<Arc<LogEntry>>>>,
+    max_bytes: usize,
+    agents: Mutex<HashMap<AgentId, Ring>>,
     live: broadcast::Sender<Arc<LogEntry>>,
 }
 
+/// Default byte budget of one agent's ring.
+pub const DEFAULT_MAX_BYTES: usize = 2 * 1024 * 1024;
+
 impl RequestLog {
-    /// A log keeping the newest `keep` entries per agent (at least one).
+    /// A log keeping the newest `keep` entries per agent (at least one) within [`DEFAULT_MAX_BYTES`].
     #[must_use]
     pub fn new(keep: usize) -> Self {
+        Self::with_limits(keep, DEFAULT_MAX_BYTES)
+    }
+
+    /// A log keeping the newest `keep` entries per agent, and no more than `max_bytes` of them (at least
+    /// one entry is always kept).
+    #[must_use]
+    pub fn with_limits(keep: usize, max_bytes: usize) -> Self {
         let (live, _) = broadcast::channel(1024);
         Self {
             keep: keep.max(1),
+            max_bytes,
             agents: Mutex::new(HashMap::new()),
             live,
         }
     }
 
-    /// Append an entry (dropping the agent's oldest beyond `keep`) and publish it on the live stream.
-    pub fn record(&self, entry: LogEntry) {
+    /// How many of `agent`'s entries fell out of its ring (count or byte limit) so far.
+    #[must_use]
+    pub fn dropped(&self, agent: &AgentId) -> u64 {
+        self.agents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(agent)
+            .map_or(0, |r| r.dropped)
+    }
+
+    /// Bytes `agent`'s ring holds now (as the byte budget counts them).
+    #[must_use]
+    pub fn bytes(&self, agent: &AgentId) -> usize {
+        self.agents
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(agent)
+            .map_or(0, |r| r.bytes)
+    }
+
+    /// Append an entry (its fields cut to their limits; the agent's oldest dropped beyond `keep` entries
+    /// or the byte budget) and publish it on the live stream.
+    pub fn record(&self, mut entry: LogEntry) {
+        entry.truncate();
         tracing::debug!(
             agent = %entry.agent, kind = ?entry.kind, host = entry.host.as_deref().unwrap_or(""),
             port = entry.port.unwrap_or(0), decision = ?entry.decision,
             reason = entry.reason.as_deref().unwrap_or(""), "egress"
         );
+        let cost = entry.cost();
         let entry = Arc::new(entry);
         let mut agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
         let ring = agents.entry(entry.agent.clone()).or_default();
-        if ring.len() == self.keep {
-            ring.pop_front();
+        while !ring.entries.is_empty()
+            && (ring.entries.len() >= self.keep || ring.bytes + cost > self.max_bytes)
+        {
+            if let Some((_, old)) = ring.entries.pop_front() {
+                ring.bytes -= old;
+                ring.dropped += 1;
+            }
         }
-        ring.push_back(Arc::clone(&entry));
+        ring.entries.push_back((Arc::clone(&entry), cost));
+        ring.bytes += cost;
         // Published under the lock, so the live stream has the snapshot's order. No subscribers is fine:
         // the snapshot still has it.
         let _ = self.live.send(entry);
@@ -218,7 +359,7 @@ impl RequestLog {
         let agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
         agents
             .get(agent)
-            .map(|r| r.iter().map(|e| LogEntry::clone(e)).collect())
+            .map(|r| r.entries.iter().map(|(e, _)| LogEntry::clone(e)).collect())
             .unwrap_or_default()
     }
 
@@ -282,6 +423,30 @@ mod tests {
         assert_eq!(v["reason"], "not_in_allowlist");
         assert_eq!(v["kind"], "tls");
         assert!(v["time"].as_str().unwrap().ends_with('Z'));
+    }
+
+    // covers: E16, E20 (fields cut, ring bounded in bytes, evictions counted)
+    #[test]
+    fn entries_are_cut_and_the_ring_is_bounded_in_bytes() {
+        let log = RequestLog::with_limits(5000, 64 * 1024);
+        let a = AgentId::new("a").unwrap();
+        for i in 0..2000 {
+            let mut e = LogEntry::new(&a, LogKind::Http, Verdict::Denied(DenyReason::NotInAllowlist));
+            e.method = Some("M".repeat(70_000));
+            e.path = Some(format!("/{i}/{}", "é".repeat(40_000)));
+            e.host = Some("h".repeat(70_000));
+            log.record(e);
+        }
+        let kept = log.snapshot(&a);
+        let last = kept.last().unwrap();
+        assert!(last.path.as_ref().unwrap().len() <= MAX_PATH);
+        assert!(last.path.as_ref().unwrap().ends_with('…'));
+        assert!(last.path.as_ref().unwrap().starts_with("/1999/"));
+        assert_eq!(last.method.as_ref().unwrap().len(), MAX_METHOD - 3 + '…'.len_utf8());
+        assert!(last.host.as_ref().unwrap().len() <= MAX_HOST);
+        assert!(log.bytes(&a) <= 64 * 1024, "{}", log.bytes(&a));
+        assert_eq!(kept.len() as u64 + log.dropped(&a), 2000);
+        assert!(log.dropped(&a) > 1900);
     }
 
     #[tokio::test]

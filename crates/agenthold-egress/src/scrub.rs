@@ -249,10 +249,9 @@ impl WsScrubber {
     fn read_header(&mut self, input: &[u8]) -> Result<(usize, Option<WsFrame>), &'static str> {
         let want = |h: &[u8]| -> usize {
             match h.get(1).map(|b| b & 0x7f) {
-                None => 2,
                 Some(126) => 4,
                 Some(127) => 10,
-                Some(_) => 2,
+                None | Some(_) => 2,
             }
         };
         let mut used = 0;

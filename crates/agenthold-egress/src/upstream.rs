@@ -23,7 +23,11 @@ use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
+use tokio_util::sync::WaitForCancellationFutureOwned;
+
+use crate::budget::RequestPermit;
 use crate::dial::{DialError, Dialer};
+use crate::open::Registration;
 use crate::gateway::Target;
 use crate::log::{Counters, PendingEntry};
 
@@ -265,10 +269,33 @@ impl Body for CountedBody {
 }
 
 /// A response body that counts the bytes it carries to the sandbox; the request's log entry is recorded
-/// when the body ends or is dropped (a client that hangs up early still gets a log line).
+/// when the body ends or is dropped (a client that hangs up early still gets a log line). It holds the
+/// request's budget permit while it streams, and ends with an error when a policy change revokes the
+/// destination (E21: a long server-sent event stream is closed like a spliced connection).
 pub(crate) struct LoggedBody {
-    pub(crate) inner: Incoming,
-    pub(crate) pending: PendingEntry,
+    inner: Incoming,
+    pending: PendingEntry,
+    _permit: RequestPermit,
+    registration: Registration,
+    revoked: Pin<Box<WaitForCancellationFutureOwned>>,
+}
+
+impl LoggedBody {
+    pub(crate) fn new(
+        inner: Incoming,
+        pending: PendingEntry,
+        permit: RequestPermit,
+        registration: Registration,
+    ) -> Self {
+        let revoked = Box::pin(registration.revoke.clone().cancelled_owned());
+        Self {
+            inner,
+            pending,
+            _permit: permit,
+            registration,
+            revoked,
+        }
+    }
 }
 
 impl Body for LoggedBody {
@@ -279,6 +306,10 @@ impl Body for LoggedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.revoked.as_mut().poll(cx).is_ready() && self.registration.was_revoked() {
+            self.pending.revoked();
+            return Poll::Ready(Some(Err("revoked: the agent's policy no longer allows this host".into())));
+        }
         let res = Pin::new(&mut self.inner).poll_frame(cx);
         match &res {
             Poll::Ready(Some(Ok(frame))) => {

@@ -231,7 +231,7 @@ fn forms(value: &[u8], rendered: &[Zeroizing<Vec<u8>>]) -> Vec<Zeroizing<Vec<u8>
     let mut add = |form: Vec<u8>, derived: bool| {
         let form = Zeroizing::new(form);
         let long_enough = !form.is_empty() && (!derived || form.len() >= MIN_DERIVED_FORM);
-        if long_enough && !out.iter().any(|f| *f == form) {
+        if long_enough && !out.contains(&form) {
             out.push(form);
         }
     };

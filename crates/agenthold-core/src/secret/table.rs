@@ -397,11 +397,10 @@ impl SecretInjector for SecretTable {
                         path_prefixes,
                     } => match path_allowed(&head.path_and_query, path_prefixes) {
                         Some(true) => replace_in_header(head, header, &s.placeholder, value),
-                        Some(false) => false,
                         None if carries_in_header(head, header, &s.placeholder) => {
                             return refuse(DenyReason::AmbiguousPath, &s.spec.name);
                         }
-                        None => false,
+                        Some(false) | None => false,
                     },
                     RuleKind::TokenRefresh { .. } => false,
                 };
