@@ -1,7 +1,7 @@
 //! What a sandbox is given: [`Policy`] (E8, E9) and [`Secret`] (E10–E13). Both are validated when they are
 //! constructed, so a bad entry or template fails where it is written, not when a sandbox starts.
 
-use agenthold_core::secret::{Preset, SecretRule, SecretSpec, SecretValue};
+use agenthold_core::secret::{AlsoIn, Preset, SecretRule, SecretSpec, SecretValue};
 use agenthold_core::{NetworkPolicy, PolicyMode};
 use pyo3::prelude::*;
 
@@ -123,8 +123,10 @@ fn rule_err(name: &str, e: agenthold_core::Error) -> PyErr {
 #[pymethods]
 impl Secret {
     /// A secret injected as `header: template` on HTTPS requests to `hosts` (names or `*.` wildcards).
+    /// `also_in={"headers": [...], "query": [...]}` names further headers and query parameters whose
+    /// placeholder is replaced; a placeholder anywhere else in a request to `hosts` is refused (403).
     #[new]
-    #[pyo3(signature = (name, value, env=None, hosts=Vec::new(), header=None, template=None))]
+    #[pyo3(signature = (name, value, env=None, hosts=Vec::new(), header=None, template=None, also_in=None))]
     fn new(
         name: &str,
         value: &str,
@@ -132,6 +134,7 @@ impl Secret {
         hosts: Vec<String>,
         header: Option<String>,
         template: Option<String>,
+        also_in: Option<std::collections::HashMap<String, Vec<String>>>,
     ) -> PyResult<Self> {
         if hosts.is_empty() {
             return Err(Class::Secret.err(format!(
@@ -141,7 +144,19 @@ impl Secret {
         }
         let header_name = header.as_deref().unwrap_or("Authorization");
         let template_src = template.as_deref().unwrap_or("Bearer {{.Value}}");
-        let rule = SecretRule::header(&hosts, header_name, template_src).map_err(|e| rule_err(name, e))?;
+        let mut rule =
+            SecretRule::header(&hosts, header_name, template_src).map_err(|e| rule_err(name, e))?;
+        if let Some(mut places) = also_in {
+            let headers = places.remove("headers").unwrap_or_default();
+            let query = places.remove("query").unwrap_or_default();
+            if let Some(other) = places.keys().next() {
+                return Err(Class::Secret.err(format!(
+                    "invalid secret {name:?}: also_in takes \"headers\" and \"query\", not {other:?}"
+                )));
+            }
+            let places = AlsoIn::new(&headers, &query).map_err(|e| rule_err(name, e))?;
+            rule = rule.with_also_in(places).map_err(|e| rule_err(name, e))?;
+        }
         let spec = SecretSpec::new(name, SecretValue::from(value), env, vec![rule]).map_err(core_err)?;
         Ok(Self {
             spec,

@@ -98,6 +98,12 @@ def test_secret_preset() -> None:
     assert agenthold.Secret.preset("GitHub", "ghp_x").hosts == ["api.github.com", "github.com"]
 
 
+def test_also_in_names_further_places() -> None:
+    s = agenthold.Secret("g", "v", hosts=["api.example.test"], header="x-goog-api-key",
+                         also_in={"headers": ["X-Other"], "query": ["key"]})
+    assert s.name == "g"
+
+
 def test_unknown_preset() -> None:
     with pytest.raises(agenthold.SecretError, match="anthropic, openai, github, gitlab, openrouter"):
         agenthold.Secret.preset("nope", "v")
@@ -114,6 +120,10 @@ def test_unknown_preset() -> None:
         (dict(hosts=[]), "hosts="),
         (dict(env="1BAD"), "environment variable"),
         (dict(template="a\r\nX-Injected: 1 {{.Value}}"), "line break"),
+        (dict(also_in={"path": ["x"]}), "also_in"),
+        (dict(also_in={"headers": ["bad header"]}), "header name"),
+        (dict(also_in={"headers": ["Authorization"]}), "sets anyway"),
+        (dict(also_in={"query": ["a&b"]}), "query parameter"),
     ],
 )
 def test_invalid_secret_fails_at_construction(kwargs: dict, needle: str) -> None:

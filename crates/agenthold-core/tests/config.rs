@@ -255,9 +255,21 @@ fn out_of_range_values_fail_naming_the_key() {
         ("egress:\n  dns_port: 70000\n", "egress.dns_port", "70000"),
         ("egress:\n  tunnel_port: 0\n", "egress.tunnel_port", "1 to 65535"),
         ("egress:\n  log_keep: 0\n", "egress.log_keep", "at least 1"),
-        ("egress:\n  log_max_bytes: 100\n", "egress.log_max_bytes", "at least 4096"),
-        ("egress:\n  max_connections_per_agent: 0\n", "egress.max_connections_per_agent", "at least 1"),
-        ("egress:\n  max_requests_per_agent: 0\n", "egress.max_requests_per_agent", "at least 1"),
+        (
+            "egress:\n  log_max_bytes: 100\n",
+            "egress.log_max_bytes",
+            "at least 4096",
+        ),
+        (
+            "egress:\n  max_connections_per_agent: 0\n",
+            "egress.max_connections_per_agent",
+            "at least 1",
+        ),
+        (
+            "egress:\n  max_requests_per_agent: 0\n",
+            "egress.max_requests_per_agent",
+            "at least 1",
+        ),
         (
             "egress:\n  sniff_timeout_secs: 0\n",
             "egress.sniff_timeout_secs",

@@ -80,7 +80,9 @@ impl Drop for RequestPermit {
 /// Take one unit of `counter` unless it is at `limit`.
 fn take(counter: &AtomicUsize, limit: usize) -> Option<usize> {
     counter
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < limit).then_some(n + 1)
+        })
         .ok()
 }
 
@@ -88,7 +90,11 @@ impl Budget {
     /// A budget of `total` connections (0: derived from the descriptor limit), `per_agent` each, and
     /// `requests_per_agent` upstream requests in flight per agent.
     pub(crate) fn new(total: usize, per_agent: usize, requests_per_agent: usize) -> Self {
-        let total = if total == 0 { from_descriptor_limit() } else { total };
+        let total = if total == 0 {
+            from_descriptor_limit()
+        } else {
+            total
+        };
         let total = total.max(1);
         Self {
             total,

@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use agenthold_core::AgentId;
 use agenthold_core::policy::{DenyReason, Verdict};
+use bytes::BytesMut;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use bytes::BytesMut;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -41,15 +41,12 @@ pub(crate) async fn serve(
             gw: Arc::clone(&shared),
             agent: agent.clone(),
             budget: Arc::clone(&agent_budget),
+            permit: std::sync::Mutex::new(Some(permit)),
             mode: Mode::Explicit,
             cancel: token.clone(),
         });
         let span = tracing::debug_span!("explicit", agent = %agent);
-        async move {
-            let _permit = permit;
-            crate::http::serve(ctx, stream, Proto::Http1).await;
-        }
-        .instrument(span)
+        crate::http::serve(ctx, stream, Proto::Http1).instrument(span)
     })
     .await;
 }
@@ -81,8 +78,8 @@ pub(crate) async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Respon
         Ok(entry) => entry,
         Err(refused) => return refused,
     };
-    // A tunnel outlives the exchange that opened it, so it holds a connection permit of its own (E20).
-    let Some(permit) = gw.budget.connection(&ctx.budget) else {
+    // A tunnel outlives the exchange that opened it: it takes over the connection's permit (E20).
+    let Some(permit) = ctx.take_permit() else {
         entry.deny(DenyReason::OverBudget);
         return refuse(gw, entry, StatusCode::SERVICE_UNAVAILABLE, "over_budget");
     };

@@ -35,6 +35,7 @@ use crate::gateway::{Shared, Target};
 use crate::http::{ConnCtx, Mode, Proto};
 use crate::io::{SpliceEnd, splice, splice_tcp};
 use crate::log::{LogEntry, LogKind, PendingEntry};
+use crate::open::Registration;
 use crate::sniff::{self, Protocol, Sniff};
 
 /// How long to wait for a client's first bytes on ports where the client may not speak first (SMTP, MySQL,
@@ -142,7 +143,9 @@ impl Flow {
 
     /// Log a connection refused before anything was forwarded.
     fn refuse(&self, kind: LogKind, reason: DenyReason, host: impl Into<String>) {
-        self.gw.log.record(self.entry(kind, Verdict::Denied(reason), host));
+        self.gw
+            .log
+            .record(self.entry(kind, Verdict::Denied(reason), host));
     }
 
     fn aimed_host(&self) -> String {
@@ -233,11 +236,10 @@ async fn http<C: ClientStream>(flow: Flow, client: C, buf: BytesMut) {
         gw: flow.gw,
         agent: flow.agent,
         budget: flow.budget,
+        permit: std::sync::Mutex::new(flow.permit),
         mode: Mode::Transparent { port: flow.port },
         cancel: flow.cancel,
     });
-    // A tunnel's permit is held for as long as its requests are served.
-    let _permit = flow.permit;
     crate::http::serve(ctx, crate::io::Rewind::new(buf.freeze(), client), Proto::Http1).await;
 }
 
@@ -282,22 +284,15 @@ async fn tls<C: ClientStream>(
     {
         let verdict = flow.gw.decide(&flow.agent, &target, flow.port);
         if !verdict.is_allowed() {
-            flow.gw.log.record(flow.entry(LogKind::Tls, verdict, name.clone()));
+            flow.gw
+                .log
+                .record(flow.entry(LogKind::Tls, verdict, name.clone()));
             return;
         }
         flow.record_tunnel();
-        let _permit = flow.permit;
         let io = crate::io::Rewind::new(buf.freeze(), client);
-        let serve = crate::intercept::serve(
-            Arc::clone(&flow.gw),
-            flow.agent.clone(),
-            flow.budget,
-            io,
-            name.clone(),
-            flow.port,
-            flow.cancel,
-        );
-        return serve.await;
+        let sni = name.clone();
+        return crate::intercept::serve(flow, io, sni).await;
     }
     let kind = flow.tls_kind();
     let mut flow = flow;
@@ -346,7 +341,7 @@ async fn connect_and_splice<C: ClientStream>(
         },
     };
     let mut pending = PendingEntry::new(&gw.log, entry);
-    splice_registered(&flow, &mut pending, client, upstream, prefix, &target).await;
+    splice_registered(&flow, &mut pending, client, upstream, prefix, &target, None).await;
 }
 
 /// Dial `target` on the flow's port: a name through the gateway's resolver and the guard (preferring the
@@ -357,7 +352,12 @@ async fn dial(flow: &Flow, target: &Target) -> Result<TcpStream, DialError> {
         Aim::Tunnel(_) => None,
     };
     match target {
-        Target::Name(n) => flow.gw.dialer.dial_name(n, flow.port, prefer).await.map(|(s, _)| s),
+        Target::Name(n) => flow
+            .gw
+            .dialer
+            .dial_name(n, flow.port, prefer)
+            .await
+            .map(|(s, _)| s),
         Target::Addr(a) => flow.gw.dialer.dial_addr((*a, flow.port).into()).await,
     }
 }
@@ -371,9 +371,10 @@ async fn splice_registered<C: ClientStream>(
     mut upstream: TcpStream,
     prefix: Bytes,
     target: &Target,
+    registration: Option<Registration>,
 ) {
     let gw = &flow.gw;
-    let registration = gw.open.register(&flow.agent, target, flow.port);
+    let registration = registration.unwrap_or_else(|| gw.open.register(&flow.agent, target, flow.port));
     pending.opened();
     if let Err(e) = upstream.write_all(&prefix).await {
         pending.entry.fail(format!("upstream: {e}"));
@@ -427,6 +428,8 @@ async fn server_first<C: ClientStream>(flow: Flow, mut client: C, upstream: Dial
         },
     };
     let mut pending = PendingEntry::new(&flow.gw.log, entry);
+    // Open from now on: a policy change closes it while it waits, too (E21).
+    let registration = flow.gw.open.register(&flow.agent, &target, flow.port);
     let mut buf = BytesMut::with_capacity(4096);
     let mut greeting = vec![0u8; 4096];
     let mut spoke = false;
@@ -439,15 +442,19 @@ async fn server_first<C: ClientStream>(flow: Flow, mut client: C, upstream: Dial
             },
             read = upstream.read(&mut greeting) => match read {
                 Ok(n) if n > 0 => {
+                    if !spoke {
+                        pending.opened();
+                        spoke = true;
+                    }
                     if client.write_all(greeting.get(..n).unwrap_or_default()).await.is_err() {
                         return;
                     }
-                    spoke = true;
                     pending.counters.down.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
                 }
                 _ => return,
             },
             () = tokio::time::sleep(idle) => return,
+            () = registration.revoke.cancelled() => return pending.revoked(),
             () = flow.cancel.cancelled() => return,
         }
     }
@@ -455,6 +462,7 @@ async fn server_first<C: ClientStream>(flow: Flow, mut client: C, upstream: Dial
     if !spoke {
         // Nothing crossed yet: decide the client's bytes as if they had come first.
         pending.discard();
+        drop(registration);
         return decide(flow, client, buf, Some((target, upstream)), deadline).await;
     }
     // The server spoke: the client's bytes go to this upstream, so they must not be TLS for another name or
@@ -493,7 +501,16 @@ async fn server_first<C: ClientStream>(flow: Flow, mut client: C, upstream: Dial
             return;
         }
     }
-    splice_registered(&flow, &mut pending, client, upstream, buf.freeze(), &target).await;
+    splice_registered(
+        &flow,
+        &mut pending,
+        client,
+        upstream,
+        buf.freeze(),
+        &target,
+        Some(registration),
+    )
+    .await;
 }
 
 /// Log a failed dial: a guard refusal is a denial, anything else an upstream failure.

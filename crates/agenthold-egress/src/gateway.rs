@@ -567,7 +567,9 @@ impl Gateway {
         })
     }
 
-    fn lock_agents(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, (CancellationToken, Arc<AgentBudget>)>> {
+    fn lock_agents(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<AgentId, (CancellationToken, Arc<AgentBudget>)>> {
         self.agents.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

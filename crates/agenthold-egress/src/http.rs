@@ -66,10 +66,26 @@ pub(crate) struct ConnCtx {
     pub(crate) agent: AgentId,
     /// The agent's share of the gateway's budgets (E20).
     pub(crate) budget: Arc<crate::budget::AgentBudget>,
+    /// The connection's permit of that budget: a CONNECT tunnel or a WebSocket takes it over, since it
+    /// outlives the HTTP exchange that opened it (one permit per client connection, whatever it becomes).
+    pub(crate) permit: std::sync::Mutex<Option<crate::budget::ConnPermit>>,
     pub(crate) mode: Mode,
     /// Fires when the agent is detached or the gateway shuts down; tasks spawned for this connection
     /// (tunnels, upgrades) end with it.
     pub(crate) cancel: tokio_util::sync::CancellationToken,
+}
+
+impl ConnCtx {
+    /// The connection's permit for a tunnel or WebSocket it turns into: the one it holds, or a new one
+    /// (an HTTP/2 connection, or a second upgrade) when the budget allows.
+    pub(crate) fn take_permit(&self) -> Option<crate::budget::ConnPermit> {
+        let held = self
+            .permit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        held.or_else(|| self.gw.budget.connection(&self.budget))
+    }
 }
 
 /// Serve HTTP on `io` (a sandbox connection) until it closes or idles out.
@@ -362,7 +378,7 @@ async fn forward(
         entry.deny(DenyReason::OverBudget);
         return refuse(gw, entry, StatusCode::SERVICE_UNAVAILABLE, "over_budget");
     };
-    let ws_permit = match websocket.then(|| gw.budget.connection(&ctx.budget)) {
+    let ws_permit = match websocket.then(|| ctx.take_permit()) {
         Some(None) => {
             let mut entry = entry;
             entry.deny(DenyReason::OverBudget);
@@ -421,7 +437,13 @@ async fn forward(
     strip_hop_by_hop(resp.headers_mut(), false);
     let bodiless = head_only || matches!(resp.status().as_u16(), 204 | 304);
     let body = |inner, pending| {
-        LoggedBody::new(inner, pending, request_permit, gw.open.register(&ctx.agent, target, port)).boxed()
+        LoggedBody::new(
+            inner,
+            pending,
+            request_permit,
+            gw.open.register(&ctx.agent, target, port),
+        )
+        .boxed()
     };
     let Some(redactor) = redactor else {
         let (parts, inner) = resp.into_parts();
@@ -434,7 +456,10 @@ async fn forward(
         return refuse_pending(pending, StatusCode::BAD_GATEWAY, why);
     }
     let (parts, inner) = resp.into_parts();
-    Response::from_parts(parts, scrub::RedactedBody::new(body(inner, pending), &redactor).boxed())
+    Response::from_parts(
+        parts,
+        scrub::RedactedBody::new(body(inner, pending), &redactor).boxed(),
+    )
 }
 
 /// Answer and log a request the pooled client could not deliver: a guard refusal is a denial (403), any

@@ -11,9 +11,8 @@ use agenthold_core::AgentId;
 use agenthold_core::policy::Verdict;
 use futures_util::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio_util::sync::CancellationToken;
 
-use crate::budget::AgentBudget;
+use crate::flow::Flow;
 use crate::gateway::Shared;
 use crate::http::{ConnCtx, Mode, Proto};
 use crate::log::{LogEntry, LogKind};
@@ -24,36 +23,31 @@ pub(crate) fn wanted(gw: &Shared, agent: &AgentId, host: &str) -> bool {
     gw.tls_server.is_some() && gw.injector.as_ref().is_some_and(|i| i.intercepts(agent, host))
 }
 
-/// Terminate TLS on `io` (positioned at the ClientHello) as `sni` and serve the requests on it.
+/// Terminate TLS on `io` (positioned at the ClientHello) as `sni` and serve the requests on it, for the
+/// connection `flow` decided.
 ///
 /// Boxed: requests served here can open CONNECT tunnels that are intercepted in turn, and the compiler
 /// needs the recursion to go through a named `Send` future.
-pub(crate) fn serve<IO>(
-    gw: Arc<Shared>,
-    agent: AgentId,
-    budget: Arc<AgentBudget>,
-    io: IO,
-    sni: String,
-    port: u16,
-    cancel: CancellationToken,
-) -> BoxFuture<'static, ()>
+pub(crate) fn serve<IO>(flow: Flow, io: IO, sni: String) -> BoxFuture<'static, ()>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    Box::pin(serve_tls(gw, agent, budget, io, sni, port, cancel))
+    Box::pin(serve_tls(flow, io, sni))
 }
 
-async fn serve_tls<IO>(
-    gw: Arc<Shared>,
-    agent: AgentId,
-    budget: Arc<AgentBudget>,
-    io: IO,
-    sni: String,
-    port: u16,
-    cancel: CancellationToken,
-) where
+async fn serve_tls<IO>(flow: Flow, io: IO, sni: String)
+where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let Flow {
+        gw,
+        agent,
+        budget,
+        cancel,
+        port,
+        permit,
+        ..
+    } = flow;
     let Some(config) = gw.tls_server.clone() else {
         return;
     };
@@ -74,6 +68,7 @@ async fn serve_tls<IO>(
         gw,
         agent,
         budget,
+        permit: std::sync::Mutex::new(permit),
         mode: Mode::Intercepted { sni, port },
         cancel,
     });

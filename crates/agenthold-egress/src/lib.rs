@@ -46,4 +46,6 @@ mod upstream;
 pub use ca::CertificateAuthority;
 pub use dial::{DialError, Resolve};
 pub use error::{Error, Result};
-pub use gateway::{AgentSockets, AgentStats, Dangerous, Gateway, GatewayBuilder, GatewayStats, Limits, Timeouts};
+pub use gateway::{
+    AgentSockets, AgentStats, Dangerous, Gateway, GatewayBuilder, GatewayStats, Limits, Timeouts,
+};

@@ -238,6 +238,9 @@ impl PendingEntry {
     /// The connection is long-lived: record its `open` entry now; the entry recorded at the end is its
     /// `closed` entry.
     pub(crate) fn opened(&mut self) {
+        if self.entry.phase.is_some() {
+            return;
+        }
         let mut open = self.entry.clone();
         open.phase = Some(Phase::Open);
         self.log.record(open);
@@ -442,7 +445,10 @@ mod tests {
         assert!(last.path.as_ref().unwrap().len() <= MAX_PATH);
         assert!(last.path.as_ref().unwrap().ends_with('…'));
         assert!(last.path.as_ref().unwrap().starts_with("/1999/"));
-        assert_eq!(last.method.as_ref().unwrap().len(), MAX_METHOD - 3 + '…'.len_utf8());
+        assert_eq!(
+            last.method.as_ref().unwrap().len(),
+            MAX_METHOD - 3 + '…'.len_utf8()
+        );
         assert!(last.host.as_ref().unwrap().len() <= MAX_HOST);
         assert!(log.bytes(&a) <= 64 * 1024, "{}", log.bytes(&a));
         assert_eq!(kept.len() as u64 + log.dropped(&a), 2000);

@@ -63,16 +63,19 @@ impl OpenConnections {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let revoke = CancellationToken::new();
         let revoked = Arc::new(AtomicBool::new(false));
-        self.entries.lock().unwrap_or_else(PoisonError::into_inner).insert(
-            id,
-            Entry {
-                agent: agent.clone(),
-                target: target.clone(),
-                port,
-                revoke: revoke.clone(),
-                revoked: Arc::clone(&revoked),
-            },
-        );
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                id,
+                Entry {
+                    agent: agent.clone(),
+                    target: target.clone(),
+                    port,
+                    revoke: revoke.clone(),
+                    revoked: Arc::clone(&revoked),
+                },
+            );
         Registration {
             id,
             open: Arc::clone(self),
@@ -84,7 +87,10 @@ impl OpenConnections {
     /// How many connections `agent` has open (all agents when `None`).
     pub(crate) fn count(&self, agent: Option<&AgentId>) -> usize {
         let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        entries.values().filter(|e| agent.is_none_or(|a| &e.agent == a)).count()
+        entries
+            .values()
+            .filter(|e| agent.is_none_or(|a| &e.agent == a))
+            .count()
     }
 
     /// Revoke every open connection the policy now denies; returns how many.

@@ -27,9 +27,9 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::budget::RequestPermit;
 use crate::dial::{DialError, Dialer};
-use crate::open::Registration;
 use crate::gateway::Target;
 use crate::log::{Counters, PendingEntry};
+use crate::open::Registration;
 
 /// Body type of everything the proxies send.
 pub(crate) type ProxyBody = BoxBody<Bytes, BoxError>;
@@ -308,7 +308,9 @@ impl Body for LoggedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if self.revoked.as_mut().poll(cx).is_ready() && self.registration.was_revoked() {
             self.pending.revoked();
-            return Poll::Ready(Some(Err("revoked: the agent's policy no longer allows this host".into())));
+            return Poll::Ready(Some(Err(
+                "revoked: the agent's policy no longer allows this host".into(),
+            )));
         }
         let res = Pin::new(&mut self.inner).poll_frame(cx);
         match &res {

@@ -2,7 +2,7 @@
 ``agenthold``; ``Runtime`` and ``Op`` here are internal (use ``agenthold.Runtime``)."""
 
 from os import PathLike
-from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Sequence, Tuple, Union, final
+from typing import Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Union, final
 
 __version__: str
 
@@ -63,7 +63,11 @@ class Secret:
         hosts: Sequence[str] = (),
         header: Optional[str] = None,
         template: Optional[str] = None,
-    ) -> None: ...
+        also_in: Optional[Mapping[str, Sequence[str]]] = None,
+    ) -> None:
+        """``also_in={"headers": [...], "query": [...]}``: further headers and query parameters whose
+        placeholder is replaced by the value. A placeholder anywhere else in a request to ``hosts`` is
+        refused with 403 (``placeholder_misplaced``), and answers from ``hosts`` are scrubbed of the value."""
     @staticmethod
     def preset(preset: str, value: str, env: Optional[str] = None) -> Secret:
         """A secret with a provider's rules: ``anthropic``, ``openai``, ``github``, ``gitlab``, ``openrouter``."""

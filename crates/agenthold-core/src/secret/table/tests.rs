@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::secret::{AlsoIn, Preset, Redacted, SecretRule};
 

@@ -299,6 +299,7 @@ def steps(addr, port):
 def raw(addr, port, send_hex, wait_first, expect, limit=3.0):
     """Raw TCP: optionally wait for the server to speak first, send bytes, read until `expect` bytes arrived
     or the connection closed or `limit` passed."""
+    limit = float(limit)
     try:
         s = socket.create_connection((addr, int(port)), timeout=limit)
         got = b""
@@ -357,6 +358,116 @@ def cut(addr, port, prefix_hex, drip_hex, interval, limit):
             except OSError:
                 return {"closed_after": time.monotonic() - t0, "received": got.decode("latin-1"), "sent": sent}
     return {"closed_after": None, "received": got.decode("latin-1"), "sent": sent}
+
+
+def payload(spec):
+    """Bytes to send: hex, or hello:NAME for a ClientHello naming NAME."""
+    if spec.startswith("hello:"):
+        return client_hello(spec.split(":", 1)[1])
+    return bytes.fromhex(spec)
+
+
+def read_until_closed(s, limit):
+    got, closed = b"", False
+    s.settimeout(0.2)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            continue
+        except OSError:
+            closed = True
+            break
+        if not chunk:
+            closed = True
+            break
+        got += chunk
+    return got, closed
+
+
+def late(addr, port, wait, spec, limit="3"):
+    """Connect, read whatever the server says for `wait` seconds without sending anything, then send
+    `spec`; report what arrived before and after, and whether the connection was closed."""
+    try:
+        s = socket.create_connection((addr, int(port)), timeout=3)
+    except OSError as e:
+        return err(e)
+    before, _ = read_until_closed(s, float(wait))
+    try:
+        s.sendall(payload(spec))
+    except OSError as e:
+        return {"before": before.decode("latin-1"), **err(e)}
+    after, closed = read_until_closed(s, float(limit))
+    return {"before": before.decode("latin-1"), "after": after.decode("latin-1"), "closed": closed}
+
+
+def tunnel(proxy, port, authority, spec, limit="3"):
+    """CONNECT through the explicit proxy, then send `spec` inside the tunnel; report the CONNECT status, what
+    came back and whether the tunnel was closed."""
+    try:
+        s = socket.create_connection((proxy, int(port)), timeout=3)
+        s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (authority, authority)).encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = s.recv(1)
+            if not chunk:
+                return {"status": None, "closed": True}
+            head += chunk
+        status = int(head.split(b" ")[1])
+        if status != 200:
+            return {"status": status, "closed": True}
+        s.sendall(payload(spec))
+        got, closed = read_until_closed(s, float(limit))
+        return {"status": status, "received": got.decode("latin-1"), "closed": closed}
+    except OSError as e:
+        return err(e)
+
+
+def many(kind, addr, port, count, authority="", limit="20"):
+    """Open `count` connections (kind: tcp, or connect to `authority` through the explicit proxy at addr:port)
+    and hold them; print {"held": n} (those still open after a short wait), then wait for a line on stdin
+    and print how many were still open then."""
+    socks = []
+    for _ in range(int(count)):
+        try:
+            s = socket.create_connection((addr, int(port)), timeout=2)
+            if kind == "connect":
+                s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (authority, authority)).encode())
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = s.recv(1)
+                    if not chunk:
+                        break
+                    head += chunk
+                if not head.startswith(b"HTTP/1.1 200"):
+                    s.close()
+                    continue
+            socks.append(s)
+        except OSError:
+            continue
+    time.sleep(0.5)
+    def alive():
+        n = 0
+        for s in socks:
+            s.setblocking(False)
+            open_ = True
+            while True:
+                try:
+                    chunk = s.recv(65536)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    open_ = False
+                    break
+                if not chunk:
+                    open_ = False
+                    break
+            n += open_
+        return n
+    out({"held": alive()})
+    sys.stdin.readline()
+    out({"held": alive()})
 
 
 # --- Interactive and timed modes --------------------------------------------------------------------------
@@ -478,6 +589,12 @@ def main():
         out(cut(*args))
     elif mode == "hold":
         hold(*args)
+    elif mode == "late":
+        out(late(*args))
+    elif mode == "tunnel":
+        out(tunnel(*args))
+    elif mode == "many":
+        many(*args)
     elif mode == "until":
         out(until(*args))
     elif mode == "flood":

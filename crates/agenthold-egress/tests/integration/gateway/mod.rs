@@ -8,6 +8,8 @@
 mod harness;
 
 mod allowed;
+mod budgets;
+mod bypass;
 mod denied;
 mod detach;
 mod firewall;
@@ -15,6 +17,7 @@ mod literals;
 mod log;
 mod policy;
 mod rebinding;
+mod revoke;
 mod sniffing;
 mod spoofing;
 mod tcp;

@@ -30,9 +30,9 @@ use std::time::Duration;
 use agenthold_core::AgentId;
 use agenthold_core::config::EgressConfig;
 use agenthold_core::policy::{NetworkPolicy, PolicyMode, PolicyTable};
-use agenthold_egress::log::{LogEntry, LogKind};
+use agenthold_egress::log::{LogEntry, LogKind, Phase};
 use agenthold_egress::nft::{self, GatewayRules, Ports};
-use agenthold_egress::{AgentSockets, Dangerous, Gateway, Timeouts};
+use agenthold_egress::{AgentSockets, Dangerous, Gateway, Limits, Timeouts};
 use agenthold_testsupport::{EchoServer, TestAgent, TestCa, TestDns, TestNet, init_tracing, require_root};
 
 pub(crate) use upstreams::{BANNER, Canary, Web};
@@ -58,6 +58,8 @@ pub(crate) struct Setup {
     records: Vec<(&'static str, Vec<IpAddr>)>,
     timeouts: Option<Timeouts>,
     log_keep: Option<usize>,
+    also: Vec<(&'static str, u16, bool)>,
+    limits: Option<Limits>,
 }
 
 impl Setup {
@@ -73,7 +75,22 @@ impl Setup {
             records: Vec::new(),
             timeouts: None,
             log_keep: None,
+            also: Vec::new(),
+            limits: None,
         }
+    }
+
+    /// Web upstream `name` also on `port`: its HTTPS echo (`tls`) or its HTTP echo, servers that wait for
+    /// the client to speak first.
+    pub(crate) fn also(mut self, name: &'static str, port: u16, tls: bool) -> Self {
+        self.also.push((name, port, tls));
+        self
+    }
+
+    /// The gateway's budgets.
+    pub(crate) fn limits(mut self, limits: Limits) -> Self {
+        self.limits = Some(limits);
+        self
     }
 
     /// `count` agents, each on its own network.
@@ -173,6 +190,11 @@ impl Harness {
             connect_to.push(((*name).to_owned(), 80, http.addr()));
             web.insert(*name, Web { https, http });
         }
+        for (name, port, tls) in &setup.also {
+            let w: &Web = &web[name];
+            let addr = if *tls { w.https.addr() } else { w.http.addr() };
+            connect_to.push(((*name).to_owned(), *port, addr));
+        }
         let mut tcp = BTreeMap::new();
         for (name, port) in &setup.tcp {
             let upstream = TcpUpstream::start().await;
@@ -209,6 +231,9 @@ impl Harness {
         }
         if let Some(keep) = setup.log_keep {
             builder = builder.log_keep(keep);
+        }
+        if let Some(limits) = setup.limits {
+            builder = builder.limits(limits);
         }
         let gateway = builder.build().unwrap();
 
@@ -335,11 +360,20 @@ impl Harness {
         self.gateway.log().snapshot(self.id(i))
     }
 
-    /// Agent `i`'s log entries of `kind` for `host`.
+    /// Agent `i`'s log entries of `kind` for `host`: one-shot entries, and long-lived connections' entries
+    /// written when they closed.
     pub(crate) fn entries(&self, i: usize, kind: LogKind, host: &str) -> Vec<LogEntry> {
         self.log(i)
             .into_iter()
-            .filter(|e| e.kind == kind && e.host.as_deref() == Some(host))
+            .filter(|e| e.kind == kind && e.host.as_deref() == Some(host) && e.phase != Some(Phase::Open))
+            .collect()
+    }
+
+    /// The entries written when long-lived connections of `kind` to `host` opened.
+    pub(crate) fn opened(&self, i: usize, kind: LogKind, host: &str) -> Vec<LogEntry> {
+        self.log(i)
+            .into_iter()
+            .filter(|e| e.kind == kind && e.host.as_deref() == Some(host) && e.phase == Some(Phase::Open))
             .collect()
     }
 
