@@ -200,3 +200,26 @@ async fn only_websocket_upgrades_become_tunnels() {
     );
     h.close().await;
 }
+
+// covers: E23 (a ClientHello that offers Encrypted Client Hello under an allowlist is decided by its outer
+// SNI and logged `ech_offered`: the name it really wants is hidden from the gateway)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root and nftables: run with make test"]
+async fn encrypted_client_hello_is_logged() {
+    let h = Harness::start(Setup::new().policy(allow(&["api.test"]))).await;
+    let addr = h.resolve(0, "api.test").await.to_string();
+    let (ech, evil) = tokio::join!(
+        h.py(0, &["late", &addr, "443", "0", "ech-hello:api.test", "1"]),
+        h.py(0, &["late", &addr, "443", "0", "ech-hello:evil.test", "1"]),
+    );
+    assert!(ech.get("error").is_none() && evil["closed"] == true, "{ech} {evil}");
+    let api = h.wait_entries(0, LogKind::Tls, "api.test", 1).await;
+    assert_eq!(
+        (api[0].decision, api[0].reason.as_deref()),
+        (Decision::Allowed, Some("ech_offered")),
+        "{api:#?}"
+    );
+    let denied = h.entries(0, LogKind::Tls, "evil.test");
+    assert_eq!(denied[0].decision, Decision::Denied, "{denied:#?}");
+    h.close().await;
+}

@@ -213,10 +213,13 @@ def session(addr, port, requests, pipelined=False):
 # --- Raw bytes --------------------------------------------------------------------------------------------
 
 
-def client_hello(sni):
-    """A minimal TLS 1.2 ClientHello carrying `sni` verbatim (whatever it is, an address included)."""
+def client_hello(sni, ech=False):
+    """A minimal TLS 1.2 ClientHello carrying `sni` verbatim (whatever it is, an address included), with an
+    Encrypted Client Hello extension (0xfe0d, an opaque payload) when `ech`."""
     name = sni.encode()
     sni_ext = struct.pack("!HHHBH", 0, len(name) + 5, len(name) + 3, 0, len(name)) + name
+    if ech:
+        sni_ext += struct.pack("!HH", 0xFE0D, 8) + bytes(8)
     body = b"\x03\x03" + bytes(32) + b"\x00" + b"\x00\x04\x13\x01\xc0\x2f" + b"\x01\x00"
     body += struct.pack("!H", len(sni_ext)) + sni_ext
     handshake = b"\x01" + struct.pack("!I", len(body))[1:] + body
@@ -364,6 +367,8 @@ def payload(spec):
     """Bytes to send: hex, or hello:NAME for a ClientHello naming NAME."""
     if spec.startswith("hello:"):
         return client_hello(spec.split(":", 1)[1])
+    if spec.startswith("ech-hello:"):
+        return client_hello(spec.split(":", 1)[1], ech=True)
     return bytes.fromhex(spec)
 
 

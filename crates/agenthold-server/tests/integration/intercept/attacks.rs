@@ -420,3 +420,33 @@ async fn secret_values_are_nowhere_inside_the_jail() {
         assert_eq!(record_header(r, "x-file-key"), Some(from_file.as_str()), "{r}");
     }
 }
+
+// covers: E13, E23 (interception follows the bytes, not the port: a CONNECT tunnel to a rule host's port
+// 80 carrying plain HTTP is served as plain HTTP, decided by Host and never injected, instead of being
+// handed to a TLS server that breaks it; a placeholder in it is a leak)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs root and nftables: run with make test"]
+async fn a_tunnel_to_a_rule_host_without_tls_is_plain_http() {
+    let world = World::new().await;
+    let value = secret_value("tunnel80");
+    let sh = format!(
+        "echo \"clean=$(curl -sS -m 10 -p -x \"$HTTP_PROXY\" -o /dev/null -w '%{{http_code}}' http://{API}/t80)\"\n\
+         echo \"leak=$(curl -sS -m 10 -p -x \"$HTTP_PROXY\" -o /dev/null -w '%{{http_code}}' \
+         -H \"X-Key: $API_KEY\" http://{API}/t80-leak)\"\n"
+    );
+    let out = world
+        .run()
+        .secrets(TWO_SECRETS)
+        .env("API_TOKEN", &value)
+        .env("B_TOKEN", "unused-b")
+        .sh(&sh)
+        .await;
+    out.expect_code(0);
+    let vars = printed(&out.stdout);
+    assert_eq!(vars["clean"], "200", "{out:#?}");
+    assert_eq!(vars["leak"], "403", "{out:#?}");
+    let plain = world.env.http.requests();
+    let got: Vec<_> = plain.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(got, ["/t80"], "{plain:#?}");
+    assert_eq!(plain[0].header("authorization"), None, "plain HTTP is never injected");
+}
