@@ -102,6 +102,9 @@ pub(crate) fn classify_sandbox(e: agenthold_sandbox::Error) -> (Class, String) {
             ),
         ),
         E::Unavailable { .. } | E::BadInput { .. } => (Class::Sandbox, e.to_string()),
+        // A record changed outside agenthold (or another master key): neither the caller's input nor the
+        // engine.
+        E::StoredSecret { .. } => (Class::Base, e.to_string()),
         // 409: the sandbox is not in a state for this (stopped, for an exec).
         E::Engine {
             source:

@@ -5,6 +5,7 @@
 //! directory, hence its own gateway holder; everything a test creates is removed, also when it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs, unreachable_pub)]
 
+mod at_rest;
 mod attacks;
 mod egress;
 mod engine;
