@@ -351,10 +351,11 @@ impl Runtime {
     }
 }
 
-/// Check what a spec brings in from the caller: secrets as [`agenthold_core::secret::SecretSpec::new`]
-/// would, no two secrets with one name or one environment variable, and no environment variable the
-/// datapath sets itself (proxies, CA bundle, tunnel).
+/// Check what a spec brings in from the caller: no reserved or malformed label (S15), secrets as
+/// [`agenthold_core::secret::SecretSpec::new`] would, no two secrets with one name or one environment
+/// variable, and no environment variable the datapath sets itself (proxies, CA bundle, tunnel).
 fn validate(spec: &SandboxSpec) -> Result<()> {
+    spec.validate_labels()?;
     let mut names = std::collections::HashSet::new();
     let mut vars = std::collections::HashSet::new();
     for secret in &spec.secrets {

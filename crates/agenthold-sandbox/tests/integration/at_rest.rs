@@ -14,8 +14,8 @@ use agenthold_sandbox::Runtime;
 use base64::Engine as _;
 use serde_json::Value;
 
-/// A sandbox runtime that creates nothing.
-struct NoEngine;
+/// A sandbox runtime that creates nothing (shared with `labels`).
+pub struct NoEngine;
 
 #[async_trait::async_trait]
 impl Sandbox for NoEngine {

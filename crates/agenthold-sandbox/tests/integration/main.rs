@@ -11,6 +11,7 @@ mod egress;
 mod engine;
 mod gateway;
 mod gvisor;
+mod labels;
 mod leaks;
 mod lifecycle;
 mod pool;
