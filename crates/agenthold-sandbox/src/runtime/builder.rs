@@ -20,7 +20,7 @@ use crate::docker::{DockerConfig, DockerSandbox};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::image;
-use crate::tunnel::TunnelServer;
+use crate::tunnel::{TunnelLimits, TunnelServer};
 
 /// The static sandboxd this crate was built with (see `build.rs`).
 const SANDBOXD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sandboxd"));
@@ -40,6 +40,7 @@ pub struct RuntimeBuilder {
     dns_upstream: Option<SocketAddr>,
     dangerous: Dangerous,
     warm_pool: Option<usize>,
+    tunnel_limits: Option<TunnelLimits>,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -114,6 +115,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Budgets of the tunnel listeners (default [`TunnelLimits::default`]; see `docs/runtime.md`).
+    #[must_use]
+    pub fn tunnel_limits(mut self, limits: TunnelLimits) -> Self {
+        self.tunnel_limits = Some(limits);
+        self
+    }
+
     /// Weaken the gateway for tests (see [`Dangerous`]).
     #[must_use]
     pub fn dangerous(mut self, dangerous: Dangerous) -> Self {
@@ -172,7 +180,7 @@ impl RuntimeBuilder {
             gateway = gateway.dns_upstream(addr);
         }
         let gateway = Arc::new(gateway.build()?);
-        let tunnel = TunnelServer::new();
+        let tunnel = TunnelServer::with_limits(self.tunnel_limits.unwrap_or_default());
         let (sandbox, docker): (Arc<dyn Sandbox>, Option<Arc<DockerSandbox>>) = match self.sandbox {
             Some(s) => (s, None),
             None => {

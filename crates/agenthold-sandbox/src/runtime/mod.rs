@@ -34,7 +34,7 @@ pub use builder::RuntimeBuilder;
 
 use crate::docker::{DockerSandbox, ExecHandle};
 use crate::error::{Error, Result};
-use crate::tunnel::{TunnelServer, TunnelStatus};
+use crate::tunnel::{TunnelCounters, TunnelServer, TunnelStatus};
 use records::AgentRecord;
 
 /// The embeddable agenthold runtime. Create it with [`Runtime::builder`]; every method takes `&self`.
@@ -250,6 +250,19 @@ impl Runtime {
     #[must_use]
     pub fn tunnel_status(&self, agent: &AgentId) -> TunnelStatus {
         self.tunnel.status(agent)
+    }
+
+    /// What the tunnel listeners did, all agents together: connections open and accepted, tunnels up,
+    /// refusals by kind (over budget, hello timeout, bad hello, bad token), failed accepts (E20).
+    #[must_use]
+    pub fn tunnel_counters(&self) -> TunnelCounters {
+        self.tunnel.counters()
+    }
+
+    /// [`Runtime::tunnel_counters`] of one agent's listener.
+    #[must_use]
+    pub fn agent_tunnel_counters(&self, agent: &AgentId) -> TunnelCounters {
+        self.tunnel.agent_counters(agent)
     }
 
     /// Current state of a sandbox.

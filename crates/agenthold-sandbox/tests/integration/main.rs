@@ -19,3 +19,4 @@ mod probe;
 mod reconcile;
 mod regressions;
 mod support;
+mod tunnel;
