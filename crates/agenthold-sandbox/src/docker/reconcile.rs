@@ -3,7 +3,8 @@
 //! listeners are restored and their tunnels accepted again with the token hash persisted at their boot, all
 //! without restarting any sandbox. Then engine events are watched: a gateway holder that dies or restarts
 //! is restored (until then its namespace is closed), a sandbox started behind agenthold's back gets a new
-//! boot token, and a stopped one loses its tunnel.
+//! boot token, and a stopped one loses its tunnel. An event is acted on only when the container's name is
+//! the one agenthold gives the object its labels describe (S15): labels alone are not trusted.
 
 use std::collections::HashMap;
 use std::sync::Arc;
