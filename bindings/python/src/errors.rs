@@ -70,7 +70,8 @@ pub(crate) fn classify_core(e: agenthold_core::Error) -> (Class, String) {
     match e {
         E::PolicyEntry { .. } | E::HostName { .. } => (Class::Policy, e.to_string()),
         E::Template { .. } | E::HeaderValue { .. } | E::Secret { .. } => (Class::Secret, e.to_string()),
-        E::NotFound { .. } | E::InvalidId { .. } => (Class::Sandbox, e.to_string()),
+        // A reserved or malformed label is a bad sandbox spec, not a network policy (S15).
+        E::NotFound { .. } | E::InvalidId { .. } | E::Label { .. } => (Class::Sandbox, e.to_string()),
         E::Backend {
             kind,
             context,
@@ -102,6 +103,9 @@ pub(crate) fn classify_sandbox(e: agenthold_sandbox::Error) -> (Class, String) {
             ),
         ),
         E::Unavailable { .. } | E::BadInput { .. } => (Class::Sandbox, e.to_string()),
+        // A record changed outside agenthold (or another master key): neither the caller's input nor the
+        // engine.
+        E::StoredSecret { .. } => (Class::Base, e.to_string()),
         // 409: the sandbox is not in a state for this (stopped, for an exec).
         E::Engine {
             source:

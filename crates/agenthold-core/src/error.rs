@@ -98,14 +98,34 @@ pub enum Error {
         /// What is wrong and how to fix it.
         problem: String,
     },
-    /// A sealed secret failed authentication: wrong master key, tampered bytes, or bytes sealed for
-    /// another secret id.
+    /// A sealed secret failed authentication: wrong master key, tampered bytes, bytes sealed for another
+    /// secret id, or injection rules changed since the value was sealed (S15). The value is never returned.
     #[error(
-        "secret {id} could not be decrypted: wrong master key, tampered data, or data sealed for another secret"
+        "secret {id} could not be decrypted: wrong master key, tampered data, data sealed for another secret, \
+         or its injection rules (hosts, header, template) were changed since it was sealed"
     )]
     Decrypt {
         /// The secret id the data was opened for.
         id: String,
+    },
+    /// A sealed secret is in the format from before rules were bound into the AAD (version 1), and was
+    /// presented where only the current format is accepted (after the store's one-way migration).
+    #[error(
+        "secret {id} is sealed in the old format that does not bind its injection rules; such records are \
+         migrated once, when a store is first opened by this version, and refused afterwards: set the secret \
+         again"
+    )]
+    LegacySealed {
+        /// The secret id the data was opened for.
+        id: String,
+    },
+    /// A sandbox label is reserved or malformed (S15: `agenthold.*` labels are agenthold's own).
+    #[error("label {key:?}: {problem}")]
+    Label {
+        /// The label key as given.
+        key: String,
+        /// What is wrong with it.
+        problem: String,
     },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
@@ -166,8 +186,11 @@ impl Error {
             | Self::Secret { .. }
             | Self::Config { .. }
             | Self::HeaderValue { .. }
+            | Self::Label { .. }
             | Self::MasterKey { .. } => ErrorKind::BadInput,
-            Self::Decrypt { .. } | Self::Io { .. } | Self::Store { .. } => ErrorKind::Upstream,
+            Self::Decrypt { .. } | Self::LegacySealed { .. } | Self::Io { .. } | Self::Store { .. } => {
+                ErrorKind::Upstream
+            }
             Self::NotFound { .. } => ErrorKind::NotFound,
             Self::Denied { .. } => ErrorKind::Denied,
             Self::Backend { kind, .. } => *kind,

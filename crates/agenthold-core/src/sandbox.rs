@@ -1,9 +1,13 @@
 //! What a sandbox is made of ([`SandboxSpec`]) and the [`Sandbox`] runtime trait that creates and drives
 //! sandboxes. The default implementation (Docker) lives in `agenthold-sandbox`.
+//!
+//! Labels under `agenthold.*` are agenthold's own (S15): the runtime finds its engine objects and the agent
+//! an engine event is about by them, so [`SandboxSpec::validate_labels`] refuses them (see
+//! [`RESERVED_LABEL_PREFIXES`]).
 
 use std::collections::BTreeMap;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ids::AgentId;
 use crate::policy::NetworkPolicy;
 use crate::secret::SecretSpec;
@@ -36,9 +40,56 @@ pub struct SandboxSpec {
     /// OCI runtime (`runc`, `runsc`, `sysbox-runc`); `None` for the configured default.
     #[serde(default)]
     pub runtime: Option<String>,
-    /// Labels to put on the sandbox's engine objects, in addition to agenthold's own.
+    /// Labels to put on the sandbox's engine objects, in addition to agenthold's own. Keys are printable
+    /// ASCII without spaces and outside the reserved namespaces (see [`SandboxSpec::validate_labels`]).
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+}
+
+/// Label namespaces a spec may not use, compared case-insensitively: agenthold's own (`agenthold` and
+/// `agenthold.*`: installation, role, agent, … by which agenthold finds its objects and attributes engine
+/// events), and the ones Docker reserves for itself (`com.docker.*`, `io.docker.*`, `org.dockerproject.*`;
+/// Compose and other host tools act on objects by them).
+pub const RESERVED_LABEL_PREFIXES: &[&str] =
+    &["agenthold.", "com.docker.", "io.docker.", "org.dockerproject."];
+
+impl SandboxSpec {
+    /// Check the spec's label keys (S15): each is non-empty printable ASCII without spaces (so no
+    /// whitespace, control or look-alike character can make a reserved key pass for another one), and none
+    /// is `agenthold` or starts with one of [`RESERVED_LABEL_PREFIXES`], in any letter case. Values are free.
+    ///
+    /// # Errors
+    /// [`Error::Label`] naming the first offending key.
+    pub fn validate_labels(&self) -> Result<()> {
+        for key in self.labels.keys() {
+            let fail = |problem: String| {
+                Err(Error::Label {
+                    key: key.clone(),
+                    problem,
+                })
+            };
+            if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
+                return fail(
+                    "label keys are printable ASCII without spaces or control characters (for example \
+                     com.example.team)"
+                        .into(),
+                );
+            }
+            let lower = key.to_ascii_lowercase();
+            if lower == "agenthold" {
+                return fail("agenthold.* labels are reserved for agenthold's own use".into());
+            }
+            if let Some(prefix) = RESERVED_LABEL_PREFIXES.iter().find(|p| lower.starts_with(**p)) {
+                let whose = if *prefix == "agenthold." {
+                    "agenthold's"
+                } else {
+                    "Docker's"
+                };
+                return fail(format!("{prefix}* labels are reserved for {whose} own use"));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for SandboxSpec {
@@ -131,4 +182,61 @@ pub trait Sandbox: Send + Sync {
     async fn write_file(&self, agent: &AgentId, path: &str, data: &[u8]) -> Result<()>;
     /// Current state.
     async fn inspect(&self, agent: &AgentId) -> Result<SandboxInfo>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_label(key: &str) -> SandboxSpec {
+        SandboxSpec {
+            labels: BTreeMap::from([(key.to_owned(), "v".to_owned())]),
+            ..SandboxSpec::default()
+        }
+    }
+
+    // covers: S15
+    #[test]
+    fn reserved_and_malformed_label_keys_are_refused() {
+        for key in [
+            "agenthold.agent",
+            "agenthold.role",
+            "agenthold.instance",
+            "agenthold.managed",
+            "agenthold.",
+            "agenthold",
+            "AgentHold.Agent",
+            "AGENTHOLD",
+            " agenthold.agent",
+            "agenthold.agent\t",
+            "agenthold\u{0}.agent",
+            "agenthold\u{200b}.agent",
+            "\u{0430}genthold.agent",
+            "com.docker.compose.project",
+            "Com.Docker.x",
+            "io.docker.x",
+            "org.dockerproject.x",
+            "",
+            "a b",
+            "a\nb",
+        ] {
+            match with_label(key).validate_labels() {
+                Err(Error::Label { key: k, problem }) => {
+                    assert_eq!(k, key);
+                    assert!(!problem.is_empty());
+                }
+                other => panic!("{key:?}: {other:?}"),
+            }
+        }
+        for key in [
+            "team",
+            "com.example.team",
+            "agentholder",
+            "my.agenthold.x",
+            "a-b_c.d/e:f",
+        ] {
+            assert!(with_label(key).validate_labels().is_ok(), "{key:?}");
+        }
+        assert!(SandboxSpec::default().validate_labels().is_ok());
+    }
 }

@@ -1,14 +1,40 @@
-//! Encryption of secret values at rest (E10): the [`MasterKey`] and the [`Vault`] that seals and opens
+//! Encryption of secret values at rest (E10, S15): the [`MasterKey`] and the [`Vault`] that seals and opens
 //! secret values with XChaCha20-Poly1305 under it.
 //!
 //! # Sealed format
 //!
 //! ```text
-//! version (1 byte, = 1) || nonce (24 bytes, random per seal) || ciphertext (len of value) || tag (16 bytes)
+//! version (1 byte, = 2) || nonce (24 bytes, random per seal) || ciphertext (len of value) || tag (16 bytes)
 //! ```
 //!
-//! The associated data (AAD) is the secret id's bytes, so a sealed value copied onto another secret fails to
-//! open. A sealed value is [`SEALED_OVERHEAD`] (41) bytes longer than the value.
+//! A sealed value is [`SEALED_OVERHEAD`] (41) bytes longer than the value. The associated data (AAD) binds
+//! the value to the secret it belongs to *and to where it may go* (S15):
+//!
+//! ```text
+//! "agenthold-vault-v2\0" || str(secret id) || u32(rule count) || rule...
+//! rule = str("header")        || hosts || str(header) || str(template source)
+//!      | str("login")         || hosts || str(header) || u32(n) || str(path prefix)...
+//!      | str("token_refresh") || hosts || str(token path) || str(access secret)
+//! hosts = u32(n) || str(host)...   (an exact name, `*.suffix`, in the rule's order)
+//! str(x) = u32(byte length of x) || x          u32 = 4 bytes, big endian
+//! ```
+//!
+//! This encoding is the vault's own (not the rules' JSON form), so it changes only with this format's
+//! version. A store writer without the master key can therefore neither copy a sealed value onto another
+//! secret (id) nor point a secret at other hosts, another header or another template (rules): either
+//! fails [`Vault::open`] with [`Error::Decrypt`] naming the secret, and the value is never returned.
+//!
+//! # The format before rules were bound (version 1) and its migration
+//!
+//! Version 1 (agenthold before S15) had the same layout with version byte `1` and AAD = the secret id
+//! only. [`Vault::open`] refuses it ([`Error::LegacySealed`]); [`Vault::migrate`] opens it once under the
+//! old AAD (so tampering with the bytes or the id is still detected), then seals the value again in the
+//! current format under the rules stored beside it. Whoever keeps the records decides when that happens:
+//! the sandbox runtime migrates every record when it starts and then records in the store
+//! ([`LEGACY_MIGRATION_TABLE`]) that the migration is done, after which it refuses version 1 records. The
+//! upgrade is one way: nothing ever seals version 1 again, and an older agenthold cannot open version 2.
+//! Version 1 carries no rules, so a version 1 value that is still around (an old backup of the store) must
+//! be treated as unbound: see `docs/secrets.md`.
 //!
 //! # Master key
 //!
@@ -31,7 +57,9 @@ use zeroize::Zeroizing;
 
 use crate::error::{Error, Result};
 use crate::ids::SecretId;
-use crate::secret::SecretValue;
+use crate::policy::HostPattern;
+use crate::secret::{RuleKind, SecretRule, SecretValue};
+use crate::store::Store;
 
 /// Name of the environment variable that carries the master key (base64), taking precedence over the file.
 pub const MASTER_KEY_ENV: &str = "AGENTHOLD_MASTER_KEY";
@@ -39,8 +67,22 @@ pub const MASTER_KEY_ENV: &str = "AGENTHOLD_MASTER_KEY";
 /// Length of the master key in bytes.
 pub const MASTER_KEY_LEN: usize = 32;
 
-/// Version byte at the start of every sealed value.
-pub const SEALED_VERSION: u8 = 1;
+/// Version byte at the start of every value sealed now: AAD = secret id and rules.
+pub const SEALED_VERSION: u8 = 2;
+
+/// Version byte of values sealed before rules were bound (AAD = secret id only); only [`Vault::migrate`]
+/// opens them.
+pub const LEGACY_SEALED_VERSION: u8 = 1;
+
+/// Store table of the vault's own bookkeeping: key [`LEGACY_MIGRATION_KEY`] exists once every version 1
+/// record of the store was migrated (see the [module documentation](self)).
+pub const LEGACY_MIGRATION_TABLE: &str = "vault";
+
+/// Key in [`LEGACY_MIGRATION_TABLE`] recording that version 1 records were migrated.
+pub const LEGACY_MIGRATION_KEY: &[u8] = b"legacy_migrated";
+
+/// Domain separation at the start of every version 2 AAD.
+const AAD_CONTEXT: &[u8] = b"agenthold-vault-v2\0";
 
 /// Length of the random nonce stored in every sealed value.
 pub const NONCE_LEN: usize = 24;
@@ -281,17 +323,55 @@ impl Vault {
         Self { cipher }
     }
 
-    /// Encrypt `value` for the secret `id` with a fresh random nonce.
+    /// Encrypt `value` for the secret `id` whose injection rules are `rules`, with a fresh random nonce. The
+    /// id and the rules are bound into the AAD: [`Vault::open`] succeeds only with both unchanged.
     ///
     /// # Panics
     /// When the operating system's random generator fails (a nonce from a broken generator could repeat,
     /// which is worse than stopping), or for a value longer than 256 GiB.
     #[must_use]
-    pub fn seal(&self, id: &SecretId, value: &SecretValue) -> Vec<u8> {
+    pub fn seal(&self, id: &SecretId, rules: &[SecretRule], value: &SecretValue) -> Vec<u8> {
+        self.seal_with(SEALED_VERSION, &aad(id, rules), value)
+    }
+
+    /// Decrypt `sealed` for the secret `id` with the injection rules `rules`.
+    ///
+    /// # Errors
+    /// [`Error::LegacySealed`] for a value sealed before rules were bound (see [`Vault::migrate`]);
+    /// [`Error::Decrypt`] when the bytes are too short, carry an unknown version, were tampered with, were
+    /// sealed under another master key, for another secret id, or with other rules.
+    pub fn open(&self, id: &SecretId, rules: &[SecretRule], sealed: &[u8]) -> Result<SecretValue> {
+        if sealed.first() == Some(&LEGACY_SEALED_VERSION) {
+            return Err(Error::LegacySealed { id: id.to_string() });
+        }
+        self.open_with(SEALED_VERSION, id, &aad(id, rules), sealed)
+    }
+
+    /// The one-way upgrade of a version 1 value (AAD = `id` only): open it under the old AAD, then seal it
+    /// again for `id` and `rules` in the current format. Returns the value and the new sealed bytes, which
+    /// the caller stores in place of the old ones.
+    ///
+    /// Call it only while migrating records that predate the current format: a version 1 value binds no
+    /// rules, so whatever `rules` are given here become its rules.
+    ///
+    /// # Errors
+    /// [`Error::Decrypt`] when `sealed` is not a version 1 value that opens for `id` under this key.
+    pub fn migrate(
+        &self,
+        id: &SecretId,
+        rules: &[SecretRule],
+        sealed: &[u8],
+    ) -> Result<(SecretValue, Vec<u8>)> {
+        let value = self.open_with(LEGACY_SEALED_VERSION, id, id.as_str().as_bytes(), sealed)?;
+        let resealed = self.seal(id, rules, &value);
+        Ok((value, resealed))
+    }
+
+    fn seal_with(&self, version: u8, aad: &[u8], value: &SecretValue) -> Vec<u8> {
         let nonce = XNonce::generate();
         let plain = value.expose();
         let mut out = Vec::with_capacity(plain.len() + SEALED_OVERHEAD);
-        out.push(SEALED_VERSION);
+        out.push(version);
         out.extend_from_slice(&nonce);
         out.extend_from_slice(plain);
         let body = &mut out[1 + NONCE_LEN..];
@@ -299,20 +379,15 @@ impl Vault {
         #[allow(clippy::expect_used)]
         let tag = self
             .cipher
-            .encrypt_inout_detached(&nonce, id.as_str().as_bytes(), body.into())
+            .encrypt_inout_detached(&nonce, aad, body.into())
             .expect("secret value longer than 256 GiB");
         out.extend_from_slice(&tag);
         out
     }
 
-    /// Decrypt `sealed` for the secret `id`.
-    ///
-    /// # Errors
-    /// [`Error::Decrypt`] when the bytes are too short, carry an unknown version, were tampered with, were
-    /// sealed under another master key or for another secret id.
-    pub fn open(&self, id: &SecretId, sealed: &[u8]) -> Result<SecretValue> {
+    fn open_with(&self, version: u8, id: &SecretId, aad: &[u8], sealed: &[u8]) -> Result<SecretValue> {
         let fail = || Error::Decrypt { id: id.to_string() };
-        if sealed.len() < SEALED_OVERHEAD || sealed[0] != SEALED_VERSION {
+        if sealed.len() < SEALED_OVERHEAD || sealed[0] != version {
             return Err(fail());
         }
         let (nonce, rest) = sealed[1..].split_at(NONCE_LEN);
@@ -321,10 +396,102 @@ impl Vault {
         let tag = Tag::try_from(tag).map_err(|_| fail())?;
         let mut plain = Zeroizing::new(ciphertext.to_vec());
         self.cipher
-            .decrypt_inout_detached(&nonce, id.as_str().as_bytes(), plain.as_mut_slice().into(), &tag)
+            .decrypt_inout_detached(&nonce, aad, plain.as_mut_slice().into(), &tag)
             .map_err(|_| fail())?;
         Ok(SecretValue::new(std::mem::take(&mut *plain)))
     }
+}
+
+/// Whether `sealed` is a version 1 value (sealed before rules were bound), which [`Vault::migrate`] upgrades.
+#[must_use]
+pub fn is_legacy(sealed: &[u8]) -> bool {
+    sealed.first() == Some(&LEGACY_SEALED_VERSION)
+}
+
+/// Whether `store` recorded that its version 1 records were migrated ([`mark_legacy_migrated`]); from then
+/// on a version 1 record there is refused rather than migrated.
+///
+/// # Errors
+/// When the store fails.
+pub async fn legacy_migrated(store: &dyn Store) -> Result<bool> {
+    Ok(store
+        .get(LEGACY_MIGRATION_TABLE, LEGACY_MIGRATION_KEY)
+        .await?
+        .is_some())
+}
+
+/// Record in `store` that every version 1 record was migrated (call it after the last one was stored again;
+/// it is durable when this returns).
+///
+/// # Errors
+/// When the store fails.
+pub async fn mark_legacy_migrated(store: &dyn Store) -> Result<()> {
+    store
+        .put(LEGACY_MIGRATION_TABLE, LEGACY_MIGRATION_KEY, &[SEALED_VERSION])
+        .await
+}
+
+/// The version 2 AAD of a secret: see the [module documentation](self).
+fn aad(id: &SecretId, rules: &[SecretRule]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + 96 * rules.len());
+    out.extend_from_slice(AAD_CONTEXT);
+    put_str(&mut out, id.as_str());
+    put_len(&mut out, rules.len());
+    for rule in rules {
+        // Every field of every kind is bound: a new field or kind must be added here (the destructuring
+        // patterns below list every field, so the compiler points at this function).
+        let SecretRule { hosts, kind } = rule;
+        match kind {
+            RuleKind::Header { header, template } => {
+                put_str(&mut out, "header");
+                put_hosts(&mut out, hosts);
+                put_str(&mut out, header);
+                put_str(&mut out, template.source());
+            }
+            RuleKind::Login {
+                header,
+                path_prefixes,
+            } => {
+                put_str(&mut out, "login");
+                put_hosts(&mut out, hosts);
+                put_str(&mut out, header);
+                put_len(&mut out, path_prefixes.len());
+                for prefix in path_prefixes {
+                    put_str(&mut out, prefix);
+                }
+            }
+            RuleKind::TokenRefresh { path, access_secret } => {
+                put_str(&mut out, "token_refresh");
+                put_hosts(&mut out, hosts);
+                put_str(&mut out, path);
+                put_str(&mut out, access_secret);
+            }
+        }
+    }
+    out
+}
+
+fn put_hosts(out: &mut Vec<u8>, hosts: &[HostPattern]) {
+    put_len(out, hosts.len());
+    for host in hosts {
+        match host {
+            HostPattern::Exact(name) => put_str(out, name),
+            HostPattern::Subdomains(suffix) => put_str(out, &format!("*.{suffix}")),
+            // Rules refuse addresses; bound anyway, in a form no name can take.
+            HostPattern::Network(net) => put_str(out, &format!("net:{net}")),
+        }
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_len(out, s.len());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_len(out: &mut Vec<u8>, len: usize) {
+    // Lengths are of ids, names, templates and rule lists: far below 4 GiB.
+    let len = u32::try_from(len).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_be_bytes());
 }
 
 impl fmt::Debug for Vault {
@@ -341,10 +508,67 @@ mod tests {
     fn sealed_layout_is_version_nonce_ciphertext_tag() {
         let vault = Vault::new(MasterKey::from_bytes([7; 32]));
         let id = SecretId::new("s1").unwrap();
-        let sealed = vault.seal(&id, &SecretValue::from("hello"));
+        let sealed = vault.seal(&id, &[], &SecretValue::from("hello"));
         assert_eq!(sealed.len(), 5 + SEALED_OVERHEAD);
         assert_eq!(sealed[0], SEALED_VERSION);
         assert_ne!(&sealed[1 + NONCE_LEN..1 + NONCE_LEN + 5], b"hello");
+    }
+
+    #[test]
+    fn aad_is_length_prefixed_and_binds_every_field() {
+        let id = SecretId::new("s1").unwrap();
+        let rule = |hosts: &[&str], header: &str, template: &str| {
+            SecretRule::header(hosts, header, template).unwrap()
+        };
+        let base = aad(&id, &[rule(&["a.test"], "x-key", "{{.Value}}")]);
+        let mut expected = AAD_CONTEXT.to_vec();
+        for part in [
+            &[0, 0, 0, 2][..],
+            b"s1",
+            &[0, 0, 0, 1],
+            &[0, 0, 0, 6],
+            b"header",
+            &[0, 0, 0, 1],
+        ] {
+            expected.extend_from_slice(part);
+        }
+        for part in [
+            &[0, 0, 0, 6][..],
+            b"a.test",
+            &[0, 0, 0, 5],
+            b"x-key",
+            &[0, 0, 0, 10],
+            b"{{.Value}}",
+        ] {
+            expected.extend_from_slice(part);
+        }
+        assert_eq!(base, expected);
+        // Moving bytes between fields changes the AAD (no two rule sets share one).
+        let others = [
+            aad(&id, &[rule(&["a.tes"], "tx-key", "{{.Value}}")]),
+            aad(&id, &[rule(&["a.test", "b.test"], "x-key", "{{.Value}}")]),
+            aad(&id, &[rule(&["*.a.test"], "x-key", "{{.Value}}")]),
+            aad(
+                &id,
+                &[
+                    rule(&["a.test"], "x-key", "{{.Value}}"),
+                    rule(&["a.test"], "x-key", "{{.Value}}"),
+                ],
+            ),
+            aad(&id, &[]),
+            aad(
+                &SecretId::new("s2").unwrap(),
+                &[rule(&["a.test"], "x-key", "{{.Value}}")],
+            ),
+            aad(&id, &[SecretRule::login(&["a.test"], "x-key", &[]).unwrap()]),
+            aad(
+                &id,
+                &[SecretRule::token_refresh(&["a.test"], "/t", "x-key").unwrap()],
+            ),
+        ];
+        for (i, other) in others.iter().enumerate() {
+            assert_ne!(other, &base, "case {i}");
+        }
     }
 
     #[test]

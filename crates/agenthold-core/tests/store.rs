@@ -108,7 +108,11 @@ macro_rules! conformance_all {
                 invalid_table_names_rejected,
                 concurrent_writers,
             ],
-            [survives_reopen, second_open_is_an_error]
+            [
+                survives_reopen,
+                second_open_is_an_error,
+                vault_records_bind_their_rules
+            ]
         );
     };
 }

@@ -42,6 +42,23 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A secret stored in the runtime's records cannot be used (S15): it does not open under the master
+    /// key for its agent, name and rules (the record was changed outside agenthold, or the key is not the
+    /// one it was sealed under), or it is in the vault's old format after the store's migration. Its value is
+    /// never used.
+    #[error(
+        "stored secret {secret:?} of agent {agent} cannot be used, its value was not loaded: {source}; if the \
+         master key is the right one, the record was changed outside agenthold: restore the store from a backup"
+    )]
+    StoredSecret {
+        /// The agent the record belongs to.
+        agent: String,
+        /// The secret's name.
+        secret: String,
+        /// Why it does not open (the vault's error).
+        #[source]
+        source: agenthold_core::Error,
+    },
     /// The egress gateway failed.
     #[error(transparent)]
     Egress(#[from] agenthold_egress::Error),
@@ -75,7 +92,7 @@ impl Error {
             }
             Self::NotFound { .. } => ErrorKind::NotFound,
             Self::BadInput { .. } => ErrorKind::BadInput,
-            Self::Core(e) => e.kind(),
+            Self::Core(e) | Self::StoredSecret { source: e, .. } => e.kind(),
         }
     }
 }

@@ -369,3 +369,65 @@ pub(crate) fn second_open_is_an_error(open: Opener, root: &Path) {
     drop(first);
     open(root).unwrap();
 }
+
+/// Sealed secrets kept in this backend (E10, S15): a writer of the store without the master key who
+/// changes the rules stored beside a sealed value, or moves the value to another record, makes it fail to
+/// open; the one-way migration mark survives a reopen.
+// covers: S15, E10
+pub(crate) fn vault_records_bind_their_rules(open: Opener, dir: &Path) {
+    use agenthold_core::SecretId;
+    use agenthold_core::secret::{SecretRule, SecretValue};
+    use agenthold_core::vault::{MasterKey, Vault, legacy_migrated, mark_legacy_migrated};
+
+    let vault = Vault::new(MasterKey::from_bytes([3; 32]));
+    let rule = |host: &str| SecretRule::header(&[host], "authorization", "Bearer {{.Value}}").unwrap();
+    // A record as a platform would keep it: the rules in the clear beside the sealed value.
+    let record = |rules: &[SecretRule], sealed: &[u8]| {
+        serde_json::to_vec(&serde_json::json!({"rules": rules, "sealed": sealed})).unwrap()
+    };
+    let read = |bytes: Vec<u8>| -> (Vec<SecretRule>, Vec<u8>) {
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        (
+            serde_json::from_value(v["rules"].clone()).unwrap(),
+            serde_json::from_value(v["sealed"].clone()).unwrap(),
+        )
+    };
+    let (a, b) = (SecretId::new("a").unwrap(), SecretId::new("b").unwrap());
+    {
+        let store = open(dir).unwrap();
+        assert!(
+            !block_on(legacy_migrated(&*store)).unwrap(),
+            "a new store is not marked"
+        );
+        let sealed_a = vault.seal(&a, &[rule("api.example.test")], &SecretValue::from("value-a"));
+        let sealed_b = vault.seal(&b, &[rule("evil.test")], &SecretValue::from("value-b"));
+        block_on(store.put("secrets", b"a", &record(&[rule("api.example.test")], &sealed_a))).unwrap();
+        block_on(store.put("secrets", b"b", &record(&[rule("evil.test")], &sealed_b))).unwrap();
+        block_on(mark_legacy_migrated(&*store)).unwrap();
+    }
+    {
+        // The writer: a's rules now name evil.test; b's value is moved under a second key with a's rules.
+        let store = open(dir).unwrap();
+        assert!(
+            block_on(legacy_migrated(&*store)).unwrap(),
+            "the mark survives a reopen"
+        );
+        let (_, sealed_a) = read(block_on(store.get("secrets", b"a")).unwrap().unwrap());
+        let (_, sealed_b) = read(block_on(store.get("secrets", b"b")).unwrap().unwrap());
+        block_on(store.put("secrets", b"a", &record(&[rule("evil.test")], &sealed_a))).unwrap();
+        block_on(store.put("secrets", b"a2", &record(&[rule("api.example.test")], &sealed_b))).unwrap();
+    }
+    let store = open(dir).unwrap();
+    let (rules, sealed) = read(block_on(store.get("secrets", b"a")).unwrap().unwrap());
+    assert!(
+        matches!(vault.open(&a, &rules, &sealed), Err(Error::Decrypt { ref id }) if id == "a"),
+        "redirected rules must not open"
+    );
+    let (rules, sealed) = read(block_on(store.get("secrets", b"a2")).unwrap().unwrap());
+    assert!(
+        vault.open(&a, &rules, &sealed).is_err(),
+        "a moved value must not open"
+    );
+    let (rules, sealed) = read(block_on(store.get("secrets", b"b")).unwrap().unwrap());
+    assert_eq!(vault.open(&b, &rules, &sealed).unwrap().expose(), b"value-b");
+}

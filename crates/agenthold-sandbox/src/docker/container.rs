@@ -121,8 +121,10 @@ pub(crate) async fn create(
         })?;
     let pids = i64::from(spec.pids.unwrap_or(config.pids));
     let resolv = write_resolv_conf(agent, net, config)?;
-    let mut labels = engine.labels(Some(agent), "sandbox");
-    labels.extend(spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    // The spec's labels first, agenthold's last: should a reserved key get past validation, ours win (S15).
+    let mut labels: std::collections::HashMap<String, String> =
+        spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    labels.extend(engine.labels(Some(agent), "sandbox"));
     let mounts = vec![
         Mount {
             target: Some(WORKSPACE.to_owned()),

@@ -276,6 +276,8 @@ impl Made {
 #[async_trait::async_trait]
 impl Sandbox for DockerSandbox {
     async fn create(&self, agent: &AgentId, spec: &SandboxSpec) -> agenthold_core::Result<SandboxInfo> {
+        // Also here, not only in `Runtime`: a platform may drive this runtime through the `Sandbox` trait.
+        spec.validate_labels()?;
         if topology::RECORDS
             .load(self.store.as_ref(), agent)
             .await?

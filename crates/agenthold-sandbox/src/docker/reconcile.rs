@@ -3,7 +3,8 @@
 //! listeners are restored and their tunnels accepted again with the token hash persisted at their boot, all
 //! without restarting any sandbox. Then engine events are watched: a gateway holder that dies or restarts
 //! is restored (until then its namespace is closed), a sandbox started behind agenthold's back gets a new
-//! boot token, and a stopped one loses its tunnel.
+//! boot token, and a stopped one loses its tunnel. An event is acted on only when the container's name is
+//! the one agenthold gives the object its labels describe (S15): labels alone are not trusted.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use super::container::{container_name, write_boot_files};
 use super::{DockerSandbox, topology};
 use crate::engine::{LABEL_AGENT, LABEL_INSTANCE, LABEL_ROLE};
 use crate::error::{Error, Result, is_not_found};
+use crate::holder::Holder;
 use crate::tunnel::new_token;
 
 /// What a reconcile found.
@@ -145,6 +147,22 @@ impl DockerSandbox {
             let labels = event.actor.and_then(|a| a.attributes).unwrap_or_default();
             let role = labels.get(LABEL_ROLE).map(String::as_str);
             let agent = labels.get(LABEL_AGENT).and_then(|a| AgentId::new(a.clone()).ok());
+            // Labels say what an object is; the name agenthold gave it must agree (S15): a container
+            // labelled as another agent's sandbox, or as the holder, is not acted on.
+            let name = labels.get("name").map(String::as_str);
+            let named_as_labelled = match (role, &agent) {
+                (Some("sandbox"), Some(agent)) => name == Some(container_name(agent).as_str()),
+                (Some("gateway"), _) => name == Some(Holder::name(&self.engine).as_str()),
+                _ => true,
+            };
+            if !named_as_labelled {
+                tracing::warn!(
+                    action,
+                    container = name.unwrap_or_default(),
+                    "engine event of a container whose labels do not match its name; ignored"
+                );
+                continue;
+            }
             if let Err(e) = self.on_event(&action, role, agent.as_ref()).await {
                 tracing::warn!(action, error = %e, "restoring after an engine event failed");
             }

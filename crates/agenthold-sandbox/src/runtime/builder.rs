@@ -20,7 +20,7 @@ use crate::docker::{DockerConfig, DockerSandbox};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::image;
-use crate::tunnel::TunnelServer;
+use crate::tunnel::{TunnelLimits, TunnelServer};
 
 /// The static sandboxd this crate was built with (see `build.rs`).
 const SANDBOXD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sandboxd"));
@@ -40,6 +40,7 @@ pub struct RuntimeBuilder {
     dns_upstream: Option<SocketAddr>,
     dangerous: Dangerous,
     warm_pool: Option<usize>,
+    tunnel_limits: Option<TunnelLimits>,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -114,6 +115,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Budgets of the tunnel listeners (default [`TunnelLimits::default`]; see `docs/runtime.md`).
+    #[must_use]
+    pub fn tunnel_limits(mut self, limits: TunnelLimits) -> Self {
+        self.tunnel_limits = Some(limits);
+        self
+    }
+
     /// Weaken the gateway for tests (see [`Dangerous`]).
     #[must_use]
     pub fn dangerous(mut self, dangerous: Dangerous) -> Self {
@@ -172,7 +180,7 @@ impl RuntimeBuilder {
             gateway = gateway.dns_upstream(addr);
         }
         let gateway = Arc::new(gateway.build()?);
-        let tunnel = TunnelServer::new();
+        let tunnel = TunnelServer::with_limits(self.tunnel_limits.unwrap_or_default());
         let (sandbox, docker): (Arc<dyn Sandbox>, Option<Arc<DockerSandbox>>) = match self.sandbox {
             Some(s) => (s, None),
             None => {
@@ -270,22 +278,48 @@ async fn docker_config(
     })
 }
 
-/// Persist a token refresh's new values in the vault-sealed records (E15).
+/// Persist a token refresh's new values in the vault-sealed records (E15), sealed with the rules of the
+/// stored secret, and only after the stored value was seen to open under those rules: a record whose rules
+/// were changed outside agenthold is never re-sealed (which would bind the new value to those rules, S15).
 fn persist_refreshed(store: &Arc<dyn Store>, vault: &Arc<Vault>) -> agenthold_core::secret::OnUpdate {
     let (store, vault) = (Arc::clone(store), Arc::clone(vault));
     let handle = tokio::runtime::Handle::try_current().ok();
     Box::new(move |agent: &AgentId, name: &str, value: &SecretValue| {
         let Some(handle) = &handle else { return };
-        let (store, agent, name) = (Arc::clone(&store), agent.clone(), name.to_owned());
-        let sealed = secret_id(&agent, &name).map(|id| vault.seal(&id, value));
+        let (store, vault, agent, name) = (
+            Arc::clone(&store),
+            Arc::clone(&vault),
+            agent.clone(),
+            name.to_owned(),
+        );
+        let value = value.clone();
         handle.spawn(async move {
-            let Ok(sealed) = sealed else { return };
             let Ok(Some(mut record)) = records::RECORDS.load(store.as_ref(), &agent).await else {
                 return;
             };
-            if let Some(s) = record.secrets.iter_mut().find(|s| s.name == name) {
-                s.sealed = base64::engine::general_purpose::STANDARD.encode(sealed);
+            let Some(s) = record.secrets.iter_mut().find(|s| s.name == name) else {
+                return;
+            };
+            let id = match secret_id(&agent, &name) {
+                Ok(id) => id,
+                Err(e) => {
+                    tracing::error!(agent = %agent, secret = %name, error = %e, "cannot persist a refreshed token");
+                    return;
+                }
+            };
+            let current = base64::engine::general_purpose::STANDARD.decode(&s.sealed);
+            if let Err(e) = current
+                .map_err(|e| e.to_string())
+                .and_then(|sealed| vault.open(&id, &s.rules, &sealed).map(drop).map_err(|e| e.to_string()))
+            {
+                tracing::error!(
+                    agent = %agent, secret = %name, error = %e,
+                    "the stored secret does not open under its stored rules; the refreshed token is kept in \
+                     memory only"
+                );
+                return;
             }
+            s.sealed = base64::engine::general_purpose::STANDARD.encode(vault.seal(&id, &s.rules, &value));
             if let Err(e) = records::RECORDS.save(store.as_ref(), &agent, &record).await {
                 tracing::error!(agent = %agent, error = %e, "could not persist a refreshed token");
             }
@@ -295,12 +329,24 @@ fn persist_refreshed(store: &Arc<dyn Store>, vault: &Arc<Vault>) -> agenthold_co
 
 impl Runtime {
     /// Rebuild policies and secrets from the store, then restore the sandboxes' datapath (S12).
+    ///
+    /// On a store that was never migrated, secrets sealed before rules were bound are sealed again with
+    /// their rules first, each record stored again, and the store marked migrated once every record was
+    /// (a start interrupted halfway migrates the rest next time); on a migrated store an old-format secret
+    /// fails to open (S15). A secret that does not open fails the start, naming it.
     async fn restore(&self) -> Result<()> {
+        let migrating = !agenthold_core::vault::legacy_migrated(self.store.as_ref()).await?;
         let mut leftover_pool = Vec::new();
-        for (agent, record) in records::RECORDS.list(self.store.as_ref()).await? {
+        for (agent, mut record) in records::RECORDS.list(self.store.as_ref()).await? {
             if record.pooled {
                 leftover_pool.push(agent);
                 continue;
+            }
+            if migrating && record.migrate_legacy(&self.vault, &agent)? {
+                records::RECORDS
+                    .save(self.store.as_ref(), &agent, &record)
+                    .await?;
+                tracing::info!(agent = %agent, "secrets sealed again with their rules bound (one-way vault migration)");
             }
             if let Some(p) = &self.policies {
                 p.set(agent.clone(), record.spec.policy.clone());
@@ -308,6 +354,9 @@ impl Runtime {
             if let Some(s) = &self.secrets {
                 s.set_with_placeholders(&agent, record.open_secrets(&self.vault, &agent)?);
             }
+        }
+        if migrating {
+            agenthold_core::vault::mark_legacy_migrated(self.store.as_ref()).await?;
         }
         if let Some(docker) = &self.docker {
             let report = docker.reconcile().await?;
@@ -329,5 +378,85 @@ impl Runtime {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use agenthold_core::sandbox::SandboxSpec;
+    use agenthold_core::secret::{SecretRule, SecretSpec};
+    use agenthold_core::store::RedbStore;
+    use agenthold_core::vault::MasterKey;
+
+    use super::*;
+
+    async fn sealed_of(store: &Arc<dyn Store>, agent: &AgentId) -> String {
+        records::RECORDS
+            .load(store.as_ref(), agent)
+            .await
+            .unwrap()
+            .unwrap()
+            .secrets[0]
+            .sealed
+            .clone()
+    }
+
+    /// A refreshed token is sealed with the stored rules only when the stored value opens under them: a
+    /// record whose rules were redirected in the store is not re-sealed (that would bind the new value to
+    /// the redirected rules).
+    // covers: S15, E15
+    #[tokio::test]
+    async fn a_refresh_never_reseals_under_rules_changed_in_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> = Arc::new(RedbStore::open_in_data_dir(dir.path()).unwrap());
+        let vault = Arc::new(Vault::new(MasterKey::from_bytes([1; 32])));
+        let agent = AgentId::new("a").unwrap();
+        let rule = |host: &str| SecretRule::header(&[host], "authorization", "Bearer {{.Value}}").unwrap();
+        let secret = SecretSpec::new("tok", "old".into(), None, vec![rule("api.example.test")]).unwrap();
+        let record =
+            records::AgentRecord::new(&SandboxSpec::default(), &[secret], &[], &vault, &agent).unwrap();
+        records::RECORDS
+            .save(store.as_ref(), &agent, &record)
+            .await
+            .unwrap();
+        let on_update = persist_refreshed(&store, &vault);
+        let settle = || tokio::time::sleep(std::time::Duration::from_millis(200));
+
+        // Untouched: the new value replaces the old one, bound to the same rules.
+        on_update(&agent, "tok", &SecretValue::from("new"));
+        settle().await;
+        let record = records::RECORDS
+            .load(store.as_ref(), &agent)
+            .await
+            .unwrap()
+            .unwrap();
+        let opened = record.open_secrets(&vault, &agent).unwrap();
+        assert_eq!(opened[0].0.value.expose(), b"new");
+
+        // Redirected: nothing is written.
+        let mut tampered = record;
+        tampered.secrets[0].rules = vec![rule("evil.test")];
+        records::RECORDS
+            .save(store.as_ref(), &agent, &tampered)
+            .await
+            .unwrap();
+        let before = sealed_of(&store, &agent).await;
+        on_update(&agent, "tok", &SecretValue::from("newer"));
+        settle().await;
+        assert_eq!(
+            sealed_of(&store, &agent).await,
+            before,
+            "re-sealed under redirected rules"
+        );
+        let err = records::RECORDS
+            .load(store.as_ref(), &agent)
+            .await
+            .unwrap()
+            .unwrap()
+            .open_secrets(&vault, &agent)
+            .unwrap_err();
+        assert!(err.to_string().contains("\"tok\" of agent a"), "{err}");
     }
 }

@@ -34,7 +34,7 @@ pub use builder::RuntimeBuilder;
 
 use crate::docker::{DockerSandbox, ExecHandle};
 use crate::error::{Error, Result};
-use crate::tunnel::{TunnelServer, TunnelStatus};
+use crate::tunnel::{TunnelCounters, TunnelServer, TunnelStatus};
 use records::AgentRecord;
 
 /// The embeddable agenthold runtime. Create it with [`Runtime::builder`]; every method takes `&self`.
@@ -252,6 +252,19 @@ impl Runtime {
         self.tunnel.status(agent)
     }
 
+    /// What the tunnel listeners did, all agents together: connections open and accepted, tunnels up,
+    /// refusals by kind (over budget, hello timeout, bad hello, bad token), failed accepts (E20).
+    #[must_use]
+    pub fn tunnel_counters(&self) -> TunnelCounters {
+        self.tunnel.counters()
+    }
+
+    /// [`Runtime::tunnel_counters`] of one agent's listener.
+    #[must_use]
+    pub fn agent_tunnel_counters(&self, agent: &AgentId) -> TunnelCounters {
+        self.tunnel.agent_counters(agent)
+    }
+
     /// Current state of a sandbox.
     ///
     /// # Errors
@@ -351,10 +364,11 @@ impl Runtime {
     }
 }
 
-/// Check what a spec brings in from the caller: secrets as [`agenthold_core::secret::SecretSpec::new`]
-/// would, no two secrets with one name or one environment variable, and no environment variable the
-/// datapath sets itself (proxies, CA bundle, tunnel).
+/// Check what a spec brings in from the caller: no reserved or malformed label (S15), secrets as
+/// [`agenthold_core::secret::SecretSpec::new`] would, no two secrets with one name or one environment
+/// variable, and no environment variable the datapath sets itself (proxies, CA bundle, tunnel).
 fn validate(spec: &SandboxSpec) -> Result<()> {
+    spec.validate_labels()?;
     let mut names = std::collections::HashSet::new();
     let mut vars = std::collections::HashSet::new();
     for secret in &spec.secrets {

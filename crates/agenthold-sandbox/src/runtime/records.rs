@@ -1,9 +1,16 @@
 //! What the runtime persists per agent: the spec (without secret values), and each secret's rules,
-//! placeholder and value sealed by the vault (E10; AAD = a secret id derived from agent and name). A
-//! restarted runtime rebuilds policies and secret tables from these, so sandboxes keep their placeholders.
+//! placeholder and value sealed by the vault. A restarted runtime rebuilds policies and secret tables from
+//! these, so sandboxes keep their placeholders.
+//!
+//! The vault binds each value to a secret id derived from agent and name *and* to the secret's rules (E10,
+//! S15): a store writer without the master key who edits a record (other hosts, header or template, a value
+//! moved to another secret or agent) makes that secret fail to open, with an error naming it. Records from
+//! before rules were bound (vault format 1) are migrated once, when a runtime first starts on the store
+//! (see [`AgentRecord::migrate_legacy`] and `docs/secrets.md`).
 
 use agenthold_core::sandbox::SandboxSpec;
 use agenthold_core::secret::{Placeholder, SecretRule, SecretSpec};
+use agenthold_core::vault::is_legacy;
 use agenthold_core::{AgentId, SecretId, Vault};
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
@@ -56,7 +63,7 @@ impl AgentRecord {
                 .find(|p| p.name == s.name)
                 .map(|p| p.placeholder.clone())
                 .unwrap_or_default();
-            let sealed = vault.seal(&secret_id(agent, &s.name)?, &s.value);
+            let sealed = vault.seal(&secret_id(agent, &s.name)?, &s.rules, &s.value);
             stored.push(StoredSecret {
                 name: s.name.clone(),
                 env: s.env.clone(),
@@ -72,21 +79,72 @@ impl AgentRecord {
         })
     }
 
-    /// The secrets with their values opened, and their placeholders.
+    /// The secrets with their values opened (each under its id and its stored rules), and their
+    /// placeholders.
+    ///
+    /// # Errors
+    /// [`Error::StoredSecret`] naming the agent and the secret when one does not open: its rules, value or
+    /// name were changed outside agenthold, it was sealed under another master key, or it is still in the
+    /// old format after the store's migration. No value of the record is returned then.
     pub(crate) fn open_secrets(&self, vault: &Vault, agent: &AgentId) -> Result<Vec<(SecretSpec, String)>> {
         self.secrets
             .iter()
             .map(|s| {
-                let sealed = base64::engine::general_purpose::STANDARD
-                    .decode(&s.sealed)
-                    .map_err(|e| Error::BadInput {
-                        problem: format!("stored secret {} of {agent}: {e}", s.name),
-                    })?;
-                let value = vault.open(&secret_id(agent, &s.name)?, &sealed)?;
-                let spec = SecretSpec::new(&s.name, value, s.env.as_deref(), s.rules.clone())?;
+                let sealed = s.sealed_bytes(agent)?;
+                let value = vault
+                    .open(&secret_id(agent, &s.name)?, &s.rules, &sealed)
+                    .map_err(|e| stored_secret(agent, &s.name, e))?;
+                let spec = SecretSpec::new(&s.name, value, s.env.as_deref(), s.rules.clone())
+                    .map_err(|e| stored_secret(agent, &s.name, e))?;
                 Ok((spec, s.placeholder.clone()))
             })
             .collect()
+    }
+
+    /// The one-way migration of secrets sealed before rules were bound (vault format 1): each is opened
+    /// under its old AAD (its id), then sealed again with its id and its stored rules. Returns whether
+    /// anything changed (the caller stores the record again). Only a runtime starting on a store that was
+    /// never migrated calls this; see [`agenthold_core::vault::legacy_migrated`].
+    ///
+    /// # Errors
+    /// [`Error::StoredSecret`] when an old-format value does not open for its id (tampered bytes, a value
+    /// moved from another secret, another master key); the record is left as it was.
+    pub(crate) fn migrate_legacy(&mut self, vault: &Vault, agent: &AgentId) -> Result<bool> {
+        let mut resealed = Vec::new();
+        for (i, s) in self.secrets.iter().enumerate() {
+            let sealed = s.sealed_bytes(agent)?;
+            if !is_legacy(&sealed) {
+                continue;
+            }
+            let (_, new) = vault
+                .migrate(&secret_id(agent, &s.name)?, &s.rules, &sealed)
+                .map_err(|e| stored_secret(agent, &s.name, e))?;
+            resealed.push((i, new));
+        }
+        let changed = !resealed.is_empty();
+        for (i, new) in resealed {
+            self.secrets[i].sealed = base64::engine::general_purpose::STANDARD.encode(new);
+        }
+        Ok(changed)
+    }
+}
+
+impl StoredSecret {
+    /// The sealed value's bytes.
+    fn sealed_bytes(&self, agent: &AgentId) -> Result<Vec<u8>> {
+        base64::engine::general_purpose::STANDARD
+            .decode(&self.sealed)
+            .map_err(|e| Error::BadInput {
+                problem: format!("stored secret {:?} of agent {agent}: {e}", self.name),
+            })
+    }
+}
+
+fn stored_secret(agent: &AgentId, name: &str, source: agenthold_core::Error) -> Error {
+    Error::StoredSecret {
+        agent: agent.to_string(),
+        secret: name.to_owned(),
+        source,
     }
 }
 

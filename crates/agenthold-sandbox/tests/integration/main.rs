@@ -5,11 +5,13 @@
 //! directory, hence its own gateway holder; everything a test creates is removed, also when it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs, unreachable_pub)]
 
+mod at_rest;
 mod attacks;
 mod egress;
 mod engine;
 mod gateway;
 mod gvisor;
+mod labels;
 mod leaks;
 mod lifecycle;
 mod pool;
@@ -17,3 +19,4 @@ mod probe;
 mod reconcile;
 mod regressions;
 mod support;
+mod tunnel;

@@ -9,6 +9,13 @@
 //! Protocol (line based): `AGENTHOLD-TUNNEL 1 <agent> <64 hex>\n` → `OK\n` | `ERR <reason>\n`; then `PING\n` →
 //! `PONG\n` every few seconds. The tunnel carries identity and liveness; commands and files go through the
 //! engine API.
+//!
+//! The listener is reachable by untrusted code (E20): connections are budgeted per agent and in all, with a
+//! reserve per agent ([`TunnelLimits`]), a hello must arrive within a few seconds, every write has a
+//! deadline, and refusals are counted ([`TunnelCounters`]) and logged as one summary line per interval,
+//! never a line each.
+
+mod budget;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -20,12 +27,17 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use budget::{Budget, Refusal, Slot};
+pub use budget::{TunnelCounters, TunnelLimits};
+
 /// Longest hello line accepted.
 const MAX_LINE: usize = 256;
 /// A tunnel that sends nothing for this long is considered gone.
 const LIVENESS: Duration = Duration::from_secs(30);
-/// Time allowed for the hello after connecting.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time a write (`OK`, `ERR`, `PONG`) may take: a peer that does not read is dropped.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause after a failed accept (out of descriptors, …) before the next one.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// A fresh boot token (64 lower-case hex characters) and its SHA-256.
 #[must_use]
@@ -66,16 +78,53 @@ pub enum TunnelStatus {
 }
 
 /// Tunnel state of every agent.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct TunnelServer {
     agents: Mutex<HashMap<AgentId, AgentTunnel>>,
+    budget: Arc<Budget>,
+}
+
+impl Default for TunnelServer {
+    fn default() -> Self {
+        Self {
+            agents: Mutex::new(HashMap::new()),
+            budget: Budget::new(TunnelLimits::default()),
+        }
+    }
 }
 
 impl TunnelServer {
-    /// An empty server.
+    /// An empty server with the default [`TunnelLimits`].
     #[must_use]
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// An empty server with these limits.
+    #[must_use]
+    pub fn with_limits(limits: TunnelLimits) -> Arc<Self> {
+        Arc::new(Self {
+            agents: Mutex::new(HashMap::new()),
+            budget: Budget::new(limits),
+        })
+    }
+
+    /// The limits in force.
+    #[must_use]
+    pub fn limits(&self) -> TunnelLimits {
+        self.budget.limits
+    }
+
+    /// What the listeners did, all agents together.
+    #[must_use]
+    pub fn counters(&self) -> TunnelCounters {
+        self.budget.counters()
+    }
+
+    /// What `agent`'s listener did (zero for an agent never served or forgotten).
+    #[must_use]
+    pub fn agent_counters(&self, agent: &AgentId) -> TunnelCounters {
+        self.budget.agent_counters(agent)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, AgentTunnel>> {
@@ -101,9 +150,10 @@ impl TunnelServer {
         }
     }
 
-    /// Forget `agent`.
+    /// Forget `agent` (its counters too, once its last connection closed).
     pub fn forget(&self, agent: &AgentId) {
         self.lock().remove(agent);
+        self.budget.forget(agent);
     }
 
     /// Whether `agent`'s sandbox has a live tunnel.
@@ -116,47 +166,58 @@ impl TunnelServer {
         }
     }
 
-    /// Serve `agent`'s tunnel listener until `cancel`.
+    /// Serve `agent`'s tunnel listener until `cancel`. Each connection takes a slot of the agent's budget
+    /// ([`TunnelLimits`]); one that gets none is closed at once.
     pub async fn serve(self: Arc<Self>, agent: AgentId, listener: TcpListener, cancel: CancellationToken) {
+        let mut summary = tokio::time::interval(self.budget.limits.log_interval);
+        summary.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let accepted = tokio::select! {
                 () = cancel.cancelled() => return,
+                _ = summary.tick() => {
+                    self.budget.flush();
+                    continue;
+                }
                 a = listener.accept() => a,
             };
             match accepted {
                 Ok((stream, _)) => {
+                    // Over budget: dropping the stream closes it before anything is read.
+                    let Some(slot) = self.budget.admit(&agent) else {
+                        continue;
+                    };
                     let this = Arc::clone(&self);
                     let agent = agent.clone();
                     let cancel = cancel.clone();
                     tokio::spawn(async move {
                         tokio::select! {
-                            () = this.connection(&agent, stream) => {}
+                            () = this.connection(&agent, stream, slot) => {}
                             () = cancel.cancelled() => {}
                         }
                     });
                 }
-                Err(e) => {
-                    tracing::warn!(agent = %agent, error = %e, "tunnel accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                Err(_) => {
+                    self.budget.refused(&agent, Refusal::AcceptError);
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
                 }
             }
         }
     }
 
     /// Check a hello line; the generation of the accepted tunnel, or why it is refused.
-    fn authenticate(&self, agent: &AgentId, line: &str) -> Result<u64, &'static str> {
+    fn authenticate(&self, agent: &AgentId, line: &str) -> Result<u64, Refusal> {
         let mut words = line.split_ascii_whitespace();
         if words.next() != Some("AGENTHOLD-TUNNEL") || words.next() != Some("1") {
-            return Err("bad hello");
+            return Err(Refusal::BadHello);
         }
         if words.next() != Some(agent.as_str()) {
-            return Err("wrong agent");
+            return Err(Refusal::WrongAgent);
         }
-        let token = words.next().ok_or("no token")?;
+        let token = words.next().ok_or(Refusal::BadHello)?;
         let presented = token_hash(token);
         let mut agents = self.lock();
-        let t = agents.get_mut(agent).ok_or("unknown agent")?;
-        let expected = t.token_hash.ok_or("sandbox not running")?;
+        let t = agents.get_mut(agent).ok_or(Refusal::UnknownAgent)?;
+        let expected = t.token_hash.ok_or(Refusal::NotRunning)?;
         // Compare hashes in constant time: no early exit on the first differing byte.
         if presented
             .iter()
@@ -164,34 +225,44 @@ impl TunnelServer {
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
             != 0
         {
-            return Err("bad token");
+            return Err(Refusal::BadToken);
         }
         t.generation += 1;
         t.last_seen = Some(Instant::now());
         Ok(t.generation)
     }
 
-    async fn connection(&self, agent: &AgentId, stream: TcpStream) {
+    /// One connection, holding `_slot` of the agent's budget until it ends.
+    async fn connection(&self, agent: &AgentId, stream: TcpStream, _slot: Slot) {
         let (read, mut write) = stream.into_split();
-        let mut reader = BufReader::new(read);
+        let mut reader = BufReader::with_capacity(2 * MAX_LINE, read);
         let mut line = String::new();
         // Each line is read through its own `take`: a sandbox that never sends a newline gets cut off at
-        // MAX_LINE bytes instead of growing the buffer.
+        // MAX_LINE bytes instead of growing the buffer; the whole hello has one deadline.
         let limit = MAX_LINE as u64 + 1;
-        let hello = tokio::time::timeout(HELLO_TIMEOUT, (&mut reader).take(limit).read_line(&mut line)).await;
-        if !matches!(hello, Ok(Ok(n)) if n > 0 && n <= MAX_LINE) {
-            return;
-        }
-        let generation = match self.authenticate(agent, line.trim_end()) {
+        let hello = tokio::time::timeout(
+            self.budget.limits.hello_timeout,
+            (&mut reader).take(limit).read_line(&mut line),
+        )
+        .await;
+        let generation = match hello {
+            Err(_) => Err(Refusal::HelloTimeout),
+            Ok(Ok(n)) if n > 0 && n <= MAX_LINE => self.authenticate(agent, line.trim_end()),
+            Ok(_) => Err(Refusal::BadHello),
+        };
+        let generation = match generation {
             Ok(g) => g,
             Err(why) => {
-                tracing::warn!(agent = %agent, reason = why, "tunnel refused");
-                let _ = write.write_all(format!("ERR {why}\n").as_bytes()).await;
+                self.budget.refused(agent, why);
+                if !matches!(why, Refusal::HelloTimeout) {
+                    let _ = send(&mut write, format!("ERR {}\n", why.as_str()).as_bytes()).await;
+                }
                 return;
             }
         };
+        self.budget.authenticated(agent);
         tracing::debug!(agent = %agent, "tunnel up");
-        if write.write_all(b"OK\n").await.is_err() {
+        if !send(&mut write, b"OK\n").await {
             return;
         }
         loop {
@@ -210,7 +281,7 @@ impl TunnelServer {
                     _ => break,
                 }
             }
-            if write.write_all(b"PONG\n").await.is_err() {
+            if !send(&mut write, b"PONG\n").await {
                 break;
             }
         }
@@ -223,47 +294,13 @@ impl TunnelServer {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    async fn hello(addr: std::net::SocketAddr, line: &str) -> (String, TcpStream) {
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(line.as_bytes()).await.unwrap();
-        let mut buf = [0u8; 64];
-        let n = s.read(&mut buf).await.unwrap();
-        (String::from_utf8_lossy(&buf[..n]).into_owned(), s)
-    }
-
-    // covers: S2
-    #[tokio::test]
-    async fn accepts_only_the_current_token_of_the_listener_agent() {
-        let server = TunnelServer::new();
-        let agent = AgentId::new("a").unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let cancel = CancellationToken::new();
-        tokio::spawn(Arc::clone(&server).serve(agent.clone(), listener, cancel.clone()));
-        let (token, hash) = new_token();
-        assert_eq!(token.len(), 64);
-        let (answer, _) = hello(addr, &format!("AGENTHOLD-TUNNEL 1 a {token}\n")).await;
-        assert_eq!(answer, "ERR unknown agent\n");
-        server.expect(&agent, hash);
-        let (answer, _) = hello(addr, &format!("AGENTHOLD-TUNNEL 1 b {token}\n")).await;
-        assert_eq!(answer, "ERR wrong agent\n");
-        let (answer, _) = hello(addr, &format!("AGENTHOLD-TUNNEL 1 a {}\n", new_token().0)).await;
-        assert_eq!(answer, "ERR bad token\n");
-        let (answer, mut live) = hello(addr, &format!("AGENTHOLD-TUNNEL 1 a {token}\n")).await;
-        assert_eq!(answer, "OK\n");
-        assert_eq!(server.status(&agent), TunnelStatus::Connected);
-        live.write_all(b"PING\n").await.unwrap();
-        let mut buf = [0u8; 8];
-        let n = live.read(&mut buf).await.unwrap();
-        assert_eq!(&buf[..n], b"PONG\n");
-        server.revoke(&agent);
-        assert_eq!(server.status(&agent), TunnelStatus::Disconnected);
-        let (answer, _) = hello(addr, &format!("AGENTHOLD-TUNNEL 1 a {token}\n")).await;
-        assert_eq!(answer, "ERR sandbox not running\n");
-        cancel.cancel();
-    }
+/// Write `bytes` within [`WRITE_TIMEOUT`]; whether it was written.
+async fn send(write: &mut tokio::net::tcp::OwnedWriteHalf, bytes: &[u8]) -> bool {
+    matches!(
+        tokio::time::timeout(WRITE_TIMEOUT, write.write_all(bytes)).await,
+        Ok(Ok(()))
+    )
 }
+
+#[cfg(test)]
+mod tests;
