@@ -442,11 +442,25 @@ fn aad(id: &SecretId, rules: &[SecretRule]) -> Vec<u8> {
         // patterns below list every field, so the compiler points at this function).
         let SecretRule { hosts, kind } = rule;
         match kind {
-            RuleKind::Header { header, template } => {
+            RuleKind::Header {
+                header,
+                template,
+                also_in,
+            } => {
                 put_str(&mut out, "header");
                 put_hosts(&mut out, hosts);
                 put_str(&mut out, header);
                 put_str(&mut out, template.source());
+                // Only when present, so that a rule without it binds what it always bound.
+                if !also_in.is_empty() {
+                    put_str(&mut out, "also_in");
+                    for list in [&also_in.headers, &also_in.query] {
+                        put_len(&mut out, list.len());
+                        for name in list {
+                            put_str(&mut out, name);
+                        }
+                    }
+                }
             }
             RuleKind::Login {
                 header,
@@ -564,6 +578,19 @@ mod tests {
             aad(
                 &id,
                 &[SecretRule::token_refresh(&["a.test"], "/t", "x-key").unwrap()],
+            ),
+            // A store writer cannot add places the placeholder is replaced in (E13).
+            aad(
+                &id,
+                &[rule(&["a.test"], "x-key", "{{.Value}}")
+                    .with_also_in(crate::secret::AlsoIn::new(&["x-other"], &[]).unwrap())
+                    .unwrap()],
+            ),
+            aad(
+                &id,
+                &[rule(&["a.test"], "x-key", "{{.Value}}")
+                    .with_also_in(crate::secret::AlsoIn::new(&[], &["x-other"]).unwrap())
+                    .unwrap()],
             ),
         ];
         for (i, other) in others.iter().enumerate() {

@@ -91,7 +91,7 @@ fn a_placeholder_anywhere_else_on_a_rule_host_is_refused() {
         // Named places, but not the placeholder as handed out: never replaced, so refused.
         (format!("/v1?key={upper}"), vec![]),
         (format!("/v1?key={encoded}"), vec![]),
-        ("/".into(), vec![("api-key", upper.clone())]),
+        ("/".into(), vec![("api-key", upper)]),
     ];
     for (path, headers) in cases {
         let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();

@@ -212,7 +212,10 @@ async fn encrypted_client_hello_is_logged() {
         h.py(0, &["late", &addr, "443", "0", "ech-hello:api.test", "1"]),
         h.py(0, &["late", &addr, "443", "0", "ech-hello:evil.test", "1"]),
     );
-    assert!(ech.get("error").is_none() && evil["closed"] == true, "{ech} {evil}");
+    assert!(
+        ech.get("error").is_none() && evil["closed"] == true,
+        "{ech} {evil}"
+    );
     let api = h.wait_entries(0, LogKind::Tls, "api.test", 1).await;
     assert_eq!(
         (api[0].decision, api[0].reason.as_deref()),

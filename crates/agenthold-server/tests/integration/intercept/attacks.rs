@@ -448,5 +448,9 @@ async fn a_tunnel_to_a_rule_host_without_tls_is_plain_http() {
     let plain = world.env.http.requests();
     let got: Vec<_> = plain.iter().map(|r| r.path.as_str()).collect();
     assert_eq!(got, ["/t80"], "{plain:#?}");
-    assert_eq!(plain[0].header("authorization"), None, "plain HTTP is never injected");
+    assert_eq!(
+        plain[0].header("authorization"),
+        None,
+        "plain HTTP is never injected"
+    );
 }
