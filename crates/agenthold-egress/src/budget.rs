@@ -90,8 +90,10 @@ impl Budget {
     /// A budget of `total` connections (0: derived from the descriptor limit), `per_agent` each, and
     /// `requests_per_agent` upstream requests in flight per agent.
     pub(crate) fn new(total: usize, per_agent: usize, requests_per_agent: usize) -> Self {
+        // Raised whatever the configuration says: a proxy needs far more than a shell's 1024.
+        let fds = usize::try_from(raise_descriptor_limit()).unwrap_or(usize::MAX);
         let total = if total == 0 {
-            from_descriptor_limit()
+            from_descriptor_limit(fds)
         } else {
             total
         };
@@ -180,9 +182,8 @@ pub fn raise_descriptor_limit() -> u64 {
     soft
 }
 
-/// The gateway-wide connection limit the descriptor limit allows (after raising it), at most 65 536.
-fn from_descriptor_limit() -> usize {
-    let fds = usize::try_from(raise_descriptor_limit()).unwrap_or(usize::MAX);
+/// The gateway-wide connection limit `fds` descriptors allow, between 64 and 65 536.
+fn from_descriptor_limit(fds: usize) -> usize {
     (fds.saturating_sub(FDS_RESERVED) / FDS_PER_CONNECTION).clamp(64, 65_536)
 }
 
