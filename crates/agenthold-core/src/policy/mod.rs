@@ -105,6 +105,14 @@ pub enum DenyReason {
     HostMismatch,
     /// The protocol or request could not be understood well enough to decide.
     Malformed,
+    /// A DNS name that only has a meaning on a local network (`.local`, `.internal`, a single label, …):
+    /// never forwarded, whatever the policy.
+    LocalName,
+    /// A reverse DNS name (`in-addr.arpa`, `ip6.arpa`) of an address range the address guard blocks: never
+    /// forwarded, whatever the policy.
+    PrivateReverse,
+    /// The agent's (or the whole gateway's) budget for this kind of traffic is spent.
+    RateLimited,
 }
 
 impl DenyReason {
@@ -122,6 +130,9 @@ impl DenyReason {
             Self::PlaceholderLeak => "placeholder_leak",
             Self::HostMismatch => "host_mismatch",
             Self::Malformed => "malformed",
+            Self::LocalName => "local_name",
+            Self::PrivateReverse => "private_reverse",
+            Self::RateLimited => "rate_limited",
         }
     }
 }
