@@ -5,6 +5,10 @@
 //! Agent identity comes from which sockets a connection or query arrives on: the caller binds each agent's
 //! sockets to that agent's gateway address, and the nftables rules only let an agent's interface reach its
 //! own address. Nothing the sandbox sends is used to identify it.
+//!
+//! The gateway owns one address [`Guard`] (E22), made in [`GatewayBuilder::build`] from the namespace of the
+//! thread that builds it (the namespace it dials from) and consulted by every dial and every DNS answer;
+//! [`Gateway::guard`] exposes it.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -16,6 +20,7 @@ use agenthold_core::AgentId;
 use agenthold_core::config::EgressConfig;
 use agenthold_core::policy::{DenyReason, Destination, EgressPolicy, Verdict, normalize_name};
 use agenthold_core::secret::SecretInjector;
+use ipnet::IpNet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -23,6 +28,7 @@ use crate::ca::CertificateAuthority;
 use crate::dial::{Dialer, Resolve};
 use crate::dns;
 use crate::error::{Error, Result};
+use crate::guard::Guard;
 use crate::log::RequestLog;
 use crate::upstream::HttpClient;
 
@@ -158,6 +164,7 @@ pub struct GatewayBuilder {
     log_keep: usize,
     disabled: bool,
     dangerous: Dangerous,
+    deny_cidrs: Vec<IpNet>,
 }
 
 impl fmt::Debug for GatewayBuilder {
@@ -168,6 +175,7 @@ impl fmt::Debug for GatewayBuilder {
             .field("log_keep", &self.log_keep)
             .field("disabled", &self.disabled)
             .field("dangerous", &self.dangerous)
+            .field("deny_cidrs", &self.deny_cidrs)
             .finish_non_exhaustive()
     }
 }
@@ -230,8 +238,16 @@ impl GatewayBuilder {
         self
     }
 
-    /// Apply the `egress` section of the configuration: timeouts, log size, disabled. The DNS upstream is
-    /// resolved from it as well when not set explicitly.
+    /// Ranges never dialled on top of the built-in guard (`egress.deny_cidrs`; default none). Host bits are
+    /// cleared.
+    #[must_use]
+    pub fn deny_cidrs(mut self, cidrs: Vec<IpNet>) -> Self {
+        self.deny_cidrs = cidrs;
+        self
+    }
+
+    /// Apply the `egress` section of the configuration: timeouts, log size, disabled, deny list.
+    /// The DNS upstream is resolved from it as well when not set explicitly.
     ///
     /// # Errors
     /// When `dns_upstream` is empty and resolv.conf has no usable nameserver.
@@ -239,6 +255,7 @@ impl GatewayBuilder {
         self.timeouts = Timeouts::from_config(egress);
         self.log_keep = egress.log_keep;
         self.disabled = egress.disabled;
+        self.deny_cidrs.clone_from(&egress.deny_cidrs);
         if self.dns_upstream.is_none() {
             self.dns_upstream = Some(egress.dns_upstream()?);
         }
@@ -252,11 +269,14 @@ impl GatewayBuilder {
         self
     }
 
-    /// Build the gateway. Must be called inside a tokio runtime.
+    /// Build the gateway. Must be called inside a tokio runtime, on a thread in the network namespace the
+    /// gateway dials from (the process's own, normally): the address guard reads and follows that
+    /// namespace's addresses.
     ///
     /// # Errors
     /// [`Error::Config`] when no policy or no DNS upstream was given, or an injector without a CA;
-    /// [`Error::Tls`] when the extra upstream trust anchor is not a PEM certificate.
+    /// [`Error::Tls`] when the extra upstream trust anchor is not a PEM certificate; [`Error::Io`] when the
+    /// namespace's own addresses cannot be read.
     pub fn build(self) -> Result<Gateway> {
         let policy = self.policy.ok_or_else(|| Error::Config {
             problem: "a policy is required".into(),
@@ -287,7 +307,11 @@ impl GatewayBuilder {
         }
         let tls_client = crate::tls::client_config(self.dangerous.upstream_ca_pem.as_deref())?;
         let tls_server = self.ca.map(crate::tls::server_config).transpose()?;
-        let dialer = Dialer::new(resolver, connect_to, self.timeouts.connect);
+        let guard = Arc::new(
+            Guard::watching(self.deny_cidrs)
+                .map_err(|e| Error::io("reading the host's own addresses for the address guard", e))?,
+        );
+        let dialer = Dialer::new(resolver, Arc::clone(&guard), connect_to, self.timeouts.connect);
         let shared = Arc::new(Shared {
             policy,
             injector: self.injector,
@@ -308,6 +332,7 @@ impl GatewayBuilder {
             shared,
             upstream,
             synthetic,
+            guard,
             agents: Mutex::new(HashMap::new()),
             root: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -320,6 +345,7 @@ pub struct Gateway {
     shared: Arc<Shared>,
     upstream: Arc<dns::Upstream>,
     synthetic: Arc<dns::SyntheticNames>,
+    guard: Arc<Guard>,
     agents: Mutex<HashMap<AgentId, CancellationToken>>,
     root: CancellationToken,
     tasks: TaskTracker,
@@ -347,6 +373,7 @@ impl Gateway {
             log_keep: 5000,
             disabled: false,
             dangerous: Dangerous::default(),
+            deny_cidrs: Vec::new(),
         }
     }
 
@@ -354,6 +381,12 @@ impl Gateway {
     #[must_use]
     pub fn log(&self) -> &Arc<RequestLog> {
         &self.shared.log
+    }
+
+    /// The address guard every dial and DNS answer goes through.
+    #[must_use]
+    pub fn guard(&self) -> &Arc<Guard> {
+        &self.guard
     }
 
     /// Serve `agent` on `sockets` (replacing a previous attachment of the same agent). Must be called inside
@@ -396,6 +429,7 @@ impl Gateway {
                 records: Arc::clone(&self.shared.records),
                 log: Arc::clone(&self.shared.log),
                 synthetic: Arc::clone(&self.synthetic),
+                guard: Arc::clone(&self.guard),
             });
             let handle = server.spawn_std(udp, tcp_listener)?;
 

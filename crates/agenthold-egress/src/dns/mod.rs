@@ -4,7 +4,8 @@
 //! - [`Server`] answers one agent's queries on sockets the caller bound inside the gateway's network
 //!   namespace (the agent is whoever's socket a query arrived on, never something the packet says). Names the
 //!   agent's policy refuses get NXDOMAIN without any upstream query (E9); allowed names are forwarded, and
-//!   every A record whose address the [`guard`](crate::guard) refuses is stripped (DNS rebinding, E6).
+//!   every A record whose address the gateway's [`Guard`](crate::guard::Guard) refuses is stripped (DNS
+//!   rebinding, E6, E22).
 //! - [`Upstream`] is the DNS client towards `egress.dns_upstream`: [`Upstream::forward`] for the server and
 //!   [`Upstream::lookup`] (cached) for the proxy's own dialling.
 //! - [`Records`] remembers, per agent, which name each answered address came from, so the transparent proxy
