@@ -7,8 +7,9 @@
 //! own address. Nothing the sandbox sends is used to identify it.
 //!
 //! The gateway owns one address [`Guard`] (E22), made in [`GatewayBuilder::build`] from the namespace of the
-//! thread that builds it (the namespace it dials from) and consulted by every dial and every DNS answer;
-//! [`Gateway::guard`] exposes it.
+//! thread that builds it (the namespace it dials from) and consulted by every dial and every DNS answer, and
+//! one [`dns::DnsBudget`] shared by every agent's resolver (E20); [`Gateway::guard`] and
+//! [`Gateway::dns_counters`] expose them.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -165,6 +166,7 @@ pub struct GatewayBuilder {
     disabled: bool,
     dangerous: Dangerous,
     deny_cidrs: Vec<IpNet>,
+    dns_limits: dns::DnsLimits,
 }
 
 impl fmt::Debug for GatewayBuilder {
@@ -176,6 +178,7 @@ impl fmt::Debug for GatewayBuilder {
             .field("disabled", &self.disabled)
             .field("dangerous", &self.dangerous)
             .field("deny_cidrs", &self.deny_cidrs)
+            .field("dns_limits", &self.dns_limits)
             .finish_non_exhaustive()
     }
 }
@@ -246,7 +249,14 @@ impl GatewayBuilder {
         self
     }
 
-    /// Apply the `egress` section of the configuration: timeouts, log size, disabled, deny list.
+    /// DNS budgets per agent and for the gateway (default [`dns::DnsLimits::default`]).
+    #[must_use]
+    pub fn dns_limits(mut self, limits: dns::DnsLimits) -> Self {
+        self.dns_limits = limits;
+        self
+    }
+
+    /// Apply the `egress` section of the configuration: timeouts, log size, disabled, deny list, DNS budgets.
     /// The DNS upstream is resolved from it as well when not set explicitly.
     ///
     /// # Errors
@@ -256,6 +266,7 @@ impl GatewayBuilder {
         self.log_keep = egress.log_keep;
         self.disabled = egress.disabled;
         self.deny_cidrs.clone_from(&egress.deny_cidrs);
+        self.dns_limits = dns::DnsLimits::from_config(egress);
         if self.dns_upstream.is_none() {
             self.dns_upstream = Some(egress.dns_upstream()?);
         }
@@ -311,6 +322,7 @@ impl GatewayBuilder {
             Guard::watching(self.deny_cidrs)
                 .map_err(|e| Error::io("reading the host's own addresses for the address guard", e))?,
         );
+        let dns_budget = Arc::new(dns::DnsBudget::new(self.dns_limits));
         let dialer = Dialer::new(resolver, Arc::clone(&guard), connect_to, self.timeouts.connect);
         let shared = Arc::new(Shared {
             policy,
@@ -333,6 +345,7 @@ impl GatewayBuilder {
             upstream,
             synthetic,
             guard,
+            dns_budget,
             agents: Mutex::new(HashMap::new()),
             root: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -346,6 +359,7 @@ pub struct Gateway {
     upstream: Arc<dns::Upstream>,
     synthetic: Arc<dns::SyntheticNames>,
     guard: Arc<Guard>,
+    dns_budget: Arc<dns::DnsBudget>,
     agents: Mutex<HashMap<AgentId, CancellationToken>>,
     root: CancellationToken,
     tasks: TaskTracker,
@@ -374,6 +388,7 @@ impl Gateway {
             disabled: false,
             dangerous: Dangerous::default(),
             deny_cidrs: Vec::new(),
+            dns_limits: dns::DnsLimits::default(),
         }
     }
 
@@ -387,6 +402,13 @@ impl Gateway {
     #[must_use]
     pub fn guard(&self) -> &Arc<Guard> {
         &self.guard
+    }
+
+    /// What the resolvers did with DNS queries: totals and per attached agent (forwarded, refused over
+    /// budget, refused as local names).
+    #[must_use]
+    pub fn dns_counters(&self) -> dns::DnsCounters {
+        self.dns_budget.counters()
     }
 
     /// Serve `agent` on `sockets` (replacing a previous attachment of the same agent). Must be called inside
@@ -430,6 +452,7 @@ impl Gateway {
                 log: Arc::clone(&self.shared.log),
                 synthetic: Arc::clone(&self.synthetic),
                 guard: Arc::clone(&self.guard),
+                budget: Arc::clone(&self.dns_budget),
             });
             let handle = server.spawn_std(udp, tcp_listener)?;
 
@@ -456,6 +479,7 @@ impl Gateway {
             token.cancel();
         }
         self.shared.records.forget(agent);
+        self.dns_budget.forget(agent);
     }
 
     /// Stop everything and wait (up to `grace`) for tasks to end.

@@ -1,17 +1,19 @@
 //! What the gateway answers to one query packet: [`Server::answer`], free of sockets so that tests and the
 //! fuzz target can drive it with a fake [`Forward`].
 //!
-//! In order: parse (malformed → FORMERR when a header can be read, else dropped; responses are never
-//! answered, so two resolvers cannot be made to loop); opcode QUERY and exactly one question, else NOTIMP /
-//! FORMERR; normalise the name (invalid → NXDOMAIN); ask the policy (denied → NXDOMAIN, no upstream query:
-//! E9); class IN and no zone transfer,
+//! In order: parse; take the query's tokens from the agent's and the gateway's DNS budgets (over budget:
+//! REFUSED, or nothing for an unreadable packet, logged at most once a second per agent: E20); malformed →
+//! FORMERR when a header can be read, else dropped (responses are never answered, so two resolvers cannot be
+//! made to loop); opcode QUERY and exactly one question, else NOTIMP / FORMERR; normalise the name (invalid →
+//! NXDOMAIN); local-only names and reverse names of blocked ranges → NXDOMAIN whatever the policy (see
+//! `special.rs`); ask the policy (denied → NXDOMAIN, no upstream query: E9); class IN and no zone transfer,
 //! else REFUSED; a synthetic override answers without the upstream; otherwise forward (failure → SERVFAIL)
 //! and strip every AAAA record and every A record (or SVCB/HTTPS address hint) the gateway's [`Guard`]
 //! refuses (rebinding: E6, E22); remember the remaining answer addresses under the question name; answer
-//! with the client's id and question. Every query is logged.
+//! with the client's id and question. Every query is logged, except refusals over budget (see above).
 
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agenthold_core::policy::{DenyReason, Verdict, normalize_name};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
@@ -20,7 +22,9 @@ use hickory_proto::rr::rdata::svcb::{SVCB, SvcParamValue};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 
 use super::Forward;
+use super::budget::{Admission, Event, Scope};
 use super::server::Server;
+use super::special::{self, Refusal};
 use crate::guard::{Blocked, Guard};
 use crate::log::{LogEntry, LogKind};
 
@@ -51,7 +55,12 @@ impl<U: Forward> Server<U> {
     /// The reply to one query packet received on `transport`, or `None` when nothing should be sent back
     /// (unreadable packets, responses). Logs the query. Never panics, whatever the bytes.
     pub async fn answer(&self, packet: &[u8], transport: Transport) -> Option<Vec<u8>> {
-        let query = match Message::from_vec(packet) {
+        let parsed = Message::from_vec(packet);
+        if let Admission::Refused { scope, log } = self.ctx.budget.admit(&self.ctx.agent, Instant::now()) {
+            let query = parsed.ok().filter(|q| q.message_type == MessageType::Query);
+            return self.over_budget(query, scope, log, transport);
+        }
+        let query = match parsed {
             Ok(query) if query.message_type == MessageType::Query => query,
             Ok(_) => return self.unreadable(packet, "a response, not a query"),
             Err(e) => return self.unreadable(packet, &e.to_string()),
@@ -60,6 +69,35 @@ impl<U: Forward> Server<U> {
         entry.status = Some(u16::from(reply.response_code));
         self.ctx.log.record(entry);
         self.encode(&reply, &query, transport)
+    }
+
+    /// The reply to a packet over budget: REFUSED for a readable query, nothing otherwise; nothing is
+    /// forwarded. Logged only when `log` says an entry is due (with the count it carries).
+    fn over_budget(
+        &self,
+        query: Option<Message>,
+        scope: Scope,
+        log: Option<u64>,
+        transport: Transport,
+    ) -> Option<Vec<u8>> {
+        if let Some(count) = log {
+            let mut entry = LogEntry::new(&self.ctx.agent, LogKind::Dns, Verdict::Allowed);
+            entry.deny(DenyReason::RateLimited);
+            let reason = DenyReason::RateLimited;
+            entry.reason = Some(format!("{reason};{};refused={count}", scope.as_str()));
+            entry.status = Some(u16::from(ResponseCode::Refused));
+            entry.port = Some(53);
+            if let Some(question) = query.as_ref().and_then(|q| q.queries.first()) {
+                let name = question_name(&question.name);
+                entry.host = Some(
+                    name.unwrap_or_else(|| question.name.to_ascii().chars().take(MAX_LOGGED_NAME).collect()),
+                );
+                entry.method = Some(question.query_type.to_string());
+            }
+            self.ctx.log.record(entry);
+        }
+        let query = query?;
+        self.encode(&self.reply(&query, ResponseCode::Refused), &query, transport)
     }
 
     /// The reply and log entry for a parsed query.
@@ -81,6 +119,18 @@ impl<U: Forward> Server<U> {
             entry.deny(DenyReason::InvalidName);
             return (self.reply(query, ResponseCode::NXDomain), entry);
         };
+        if let Some(refusal) = special::refusal(&name, &self.ctx.guard) {
+            // Whatever the policy: these names only mean something on a local network.
+            let mut entry = LogEntry::new(agent, LogKind::Dns, Verdict::Allowed).to(name, 53);
+            entry.method = Some(question.query_type.to_string());
+            entry.deny(match refusal {
+                Refusal::SingleLabel | Refusal::LocalSuffix(_) => DenyReason::LocalName,
+                Refusal::PrivateReverse(_) => DenyReason::PrivateReverse,
+            });
+            tracing::debug!(agent = %agent, ?refusal, "local-only DNS name refused");
+            self.ctx.budget.record(agent, Event::RefusedLocal);
+            return (self.reply(query, ResponseCode::NXDomain), entry);
+        }
         let verdict = self.ctx.policy.may_resolve(agent, &name);
         let mut entry = LogEntry::new(agent, LogKind::Dns, verdict).to(name.clone(), 53);
         entry.method = Some(question.query_type.to_string());
@@ -118,6 +168,7 @@ impl<U: Forward> Server<U> {
             );
             return (reply, entry);
         }
+        self.ctx.budget.record(agent, Event::Forwarded);
         match self.ctx.upstream.forward(query).await {
             Ok(upstream) => self.filtered(query, upstream, &name, question.query_type, entry),
             Err(e) => {

@@ -10,7 +10,7 @@ use hickory_proto::rr::rdata::svcb::{EchConfigList, IpHint, SvcParamKey};
 use hickory_proto::rr::rdata::{AAAA, HTTPS};
 
 use super::*;
-use crate::dns::{LookupError, Records, ServerContext, SyntheticNames};
+use crate::dns::{DnsBudget, DnsLimits, LookupError, Records, ServerContext, SyntheticNames};
 use crate::log::{Decision, RequestLog};
 
 type Reply = fn(&Message) -> Result<Message, LookupError>;
@@ -29,10 +29,10 @@ impl Forward for Fake {
 }
 
 fn server(policy: NetworkPolicy, reply: Reply) -> Server<Fake> {
-    server_with(policy, reply, Guard::new([]))
+    server_with(policy, reply, Guard::new([]), DnsBudget::default())
 }
 
-fn server_with(policy: NetworkPolicy, reply: Reply, guard: Guard) -> Server<Fake> {
+fn server_with(policy: NetworkPolicy, reply: Reply, guard: Guard, budget: DnsBudget) -> Server<Fake> {
     let agent = AgentId::new("a").unwrap();
     let table = PolicyTable::new();
     table.set(agent.clone(), policy);
@@ -47,6 +47,7 @@ fn server_with(policy: NetworkPolicy, reply: Reply, guard: Guard) -> Server<Fake
         log: Arc::new(RequestLog::new(10)),
         synthetic: Arc::new(SyntheticNames::new()),
         guard: Arc::new(guard),
+        budget: Arc::new(budget),
     })
 }
 
@@ -214,6 +215,10 @@ fn a_answer(q: &Message, addrs: &[[u8; 4]]) -> Message {
     m
 }
 
+fn rcode(reply: Option<Vec<u8>>) -> ResponseCode {
+    Message::from_vec(&reply.unwrap()).unwrap().response_code
+}
+
 // covers: E22
 #[test]
 fn answers_lose_the_hosts_own_denied_and_provider_addresses() {
@@ -235,6 +240,7 @@ fn answers_lose_the_hosts_own_denied_and_provider_addresses() {
             ))
         },
         guard,
+        DnsBudget::default(),
     );
     let reply = run(s.answer(
         &query(Name::from_ascii("own.example.").unwrap(), RecordType::A),
@@ -243,4 +249,101 @@ fn answers_lose_the_hosts_own_denied_and_provider_addresses() {
     let reply = Message::from_vec(&reply.unwrap()).unwrap();
     let kept: Vec<_> = reply.answers.iter().map(|r| r.data.clone()).collect();
     assert_eq!(kept, [RData::A(A::new(93, 184, 216, 34))]);
+}
+
+// covers: E9, E22
+#[test]
+fn local_names_and_private_reverse_names_are_refused_under_the_open_policy() {
+    let s = server(NetworkPolicy::open(), |q| Ok(upstream_answer(q)));
+    for (name, rtype, reason) in [
+        ("printer.local.", RecordType::A, "local_name"),
+        ("metadata.google.internal.", RecordType::A, "local_name"),
+        ("intranet.", RecordType::A, "local_name"),
+        ("router.lan.", RecordType::AAAA, "local_name"),
+        ("1.0.0.10.in-addr.arpa.", RecordType::PTR, "private_reverse"),
+        (
+            "254.169.254.169.in-addr.arpa.",
+            RecordType::PTR,
+            "private_reverse",
+        ),
+        ("10.in-addr.arpa.", RecordType::SOA, "private_reverse"),
+        (
+            "1.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.d.f.ip6.arpa.",
+            RecordType::PTR,
+            "private_reverse",
+        ),
+    ] {
+        let reply = run(s.answer(&query(Name::from_ascii(name).unwrap(), rtype), Transport::Udp));
+        assert_eq!(rcode(reply), ResponseCode::NXDomain, "{name}");
+        let entry = s.ctx.log.snapshot(&s.ctx.agent).pop().unwrap();
+        assert_eq!(
+            (entry.decision, entry.reason.as_deref()),
+            (Decision::Denied, Some(reason)),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        s.ctx.upstream.calls.load(Ordering::SeqCst),
+        0,
+        "nothing was forwarded"
+    );
+    // A public reverse name is forwarded.
+    let reply = run(s.answer(
+        &query(
+            Name::from_ascii("8.8.8.8.in-addr.arpa.").unwrap(),
+            RecordType::PTR,
+        ),
+        Transport::Udp,
+    ));
+    assert_eq!(rcode(reply), ResponseCode::NoError);
+    assert_eq!(s.ctx.upstream.calls.load(Ordering::SeqCst), 1);
+    let c = s.ctx.budget.counters();
+    assert_eq!(
+        (c.total.refused_local, c.total.forwarded, c.total.queries),
+        (8, 1, 9)
+    );
+}
+
+// covers: E20
+#[test]
+fn over_budget_queries_are_refused_unforwarded_and_logged_once() {
+    let limits = DnsLimits {
+        agent_qps: 1,
+        agent_burst: 3,
+        gateway_qps: 100,
+        gateway_burst: 100,
+        gateway_reserve: 10,
+    };
+    let s = server_with(
+        NetworkPolicy::open(),
+        |q| Ok(a_answer(q, &[[93, 184, 216, 34]])),
+        Guard::new([]),
+        DnsBudget::new(limits),
+    );
+    let q = query(Name::from_ascii("x.example.").unwrap(), RecordType::A);
+    let codes: Vec<ResponseCode> = (0..20)
+        .map(|_| rcode(run(s.answer(&q, Transport::Udp))))
+        .collect();
+    assert_eq!(&codes[..3], [ResponseCode::NoError; 3]);
+    assert!(
+        codes[3..].iter().all(|c| *c == ResponseCode::Refused),
+        "{codes:?}"
+    );
+    assert_eq!(s.ctx.upstream.calls.load(Ordering::SeqCst), 3);
+    // Unreadable packets over budget get nothing back.
+    assert_eq!(run(s.answer(b"\x12\x34junk", Transport::Udp)), None);
+    let log = s.ctx.log.snapshot(&s.ctx.agent);
+    let limited: Vec<_> = log
+        .iter()
+        .filter(|e| e.reason.as_deref().is_some_and(|r| r.starts_with("rate_limited")))
+        .collect();
+    assert_eq!(limited.len(), 1, "one entry for the whole second: {log:#?}");
+    assert_eq!(limited[0].reason.as_deref(), Some("rate_limited;agent;refused=1"));
+    assert_eq!(limited[0].decision, Decision::Denied);
+    assert_eq!(limited[0].host.as_deref(), Some("x.example"));
+    let c = s.ctx.budget.counters();
+    assert_eq!(
+        (c.total.queries, c.total.forwarded, c.total.refused_agent_budget),
+        (21, 3, 18)
+    );
 }

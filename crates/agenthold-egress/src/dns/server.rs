@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::answer::Transport;
-use super::{Forward, Records, SyntheticNames, Upstream};
+use super::{DnsBudget, Forward, Records, SyntheticNames, Upstream};
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::log::RequestLog;
@@ -49,6 +49,8 @@ pub struct ServerContext<U = Upstream> {
     /// The gateway's address guard: answers lose the addresses it refuses, and reverse names of the ranges
     /// it blocks are never forwarded.
     pub guard: Arc<Guard>,
+    /// The DNS budgets and counters, shared by every agent of the gateway.
+    pub budget: Arc<DnsBudget>,
 }
 
 impl<U> fmt::Debug for ServerContext<U> {

@@ -25,7 +25,7 @@ use agenthold_egress::dns::proto::op::{Message, MessageType};
 use agenthold_egress::dns::proto::rr::RData;
 use agenthold_egress::dns::proto::rr::rdata::svcb::{SVCB, SvcParamValue};
 use agenthold_egress::dns::{
-    Forward, LookupError, Records, Server, ServerContext, ServerLimits, SyntheticNames, Transport,
+    DnsBudget, Forward, LookupError, Records, Server, ServerContext, ServerLimits, SyntheticNames, Transport,
 };
 use agenthold_egress::guard::Guard;
 use agenthold_egress::log::RequestLog;
@@ -80,6 +80,7 @@ pub(crate) fn check(data: &[u8]) {
         log: Arc::clone(&log),
         synthetic: Arc::new(synthetic),
         guard: Arc::clone(&guard),
+        budget: Arc::new(DnsBudget::default()),
     });
     let transport = if flags & 8 != 0 {
         Transport::Tcp

@@ -13,7 +13,7 @@ use agenthold_egress::dns::proto::op::{Edns, Message, MessageType, OpCode, Query
 use agenthold_egress::dns::proto::rr::rdata::A;
 use agenthold_egress::dns::proto::rr::{Name, RData, Record, RecordType};
 use agenthold_egress::dns::{
-    LookupError, Records, Server, ServerContext, ServerHandle, SyntheticNames, Transport, Upstream,
+    DnsBudget, LookupError, Records, Server, ServerContext, ServerHandle, SyntheticNames, Transport, Upstream,
 };
 use agenthold_egress::guard::Guard;
 use agenthold_egress::log::{Decision, LogKind, RequestLog};
@@ -59,6 +59,7 @@ async fn serve(
         log: Arc::clone(&log),
         synthetic: Arc::new(synthetic),
         guard: Arc::new(Guard::new([])),
+        budget: Arc::new(DnsBudget::default()),
     });
     let udp = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
     let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
