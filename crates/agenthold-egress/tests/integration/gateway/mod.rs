@@ -11,6 +11,7 @@ mod allowed;
 mod denied;
 mod detach;
 mod firewall;
+mod host;
 mod literals;
 mod log;
 mod policy;
