@@ -16,6 +16,7 @@ mod literals;
 mod log;
 mod policy;
 mod rebinding;
+mod resolver;
 mod sniffing;
 mod spoofing;
 mod tcp;
