@@ -5,7 +5,8 @@
 //! Loading: the YAML is merged over [`Config::default`] (every default is stated on its field and in
 //! `docs/configuration.md`), then every environment variable named `AGENTHOLD_` + the key path upper-cased
 //! with `.` replaced by `_` (`AGENTHOLD_EGRESS_PROXY_PORT`, `AGENTHOLD_DATA_DIR`) overrides its key. The list
-//! of keys is derived from the default configuration, so a new field gets its variable automatically.
+//! of keys is derived from the default configuration, so a new field gets its variable automatically. A list
+//! key (`egress.deny_cidrs`) takes a comma-separated value.
 //! Other `AGENTHOLD_*` variables (such as `AGENTHOLD_MASTER_KEY`) are ignored here. The process environment
 //! is only ever read.
 
