@@ -5,12 +5,13 @@
 //! REFUSED, or nothing for an unreadable packet, logged at most once a second per agent: E20); malformed →
 //! FORMERR when a header can be read, else dropped (responses are never answered, so two resolvers cannot be
 //! made to loop); opcode QUERY and exactly one question, else NOTIMP / FORMERR; normalise the name (invalid →
-//! NXDOMAIN); local-only names and reverse names of blocked ranges → NXDOMAIN whatever the policy (see
-//! `special.rs`); ask the policy (denied → NXDOMAIN, no upstream query: E9); class IN and no zone transfer,
-//! else REFUSED; a synthetic override answers without the upstream; otherwise forward (failure → SERVFAIL)
-//! and strip every AAAA record and every A record (or SVCB/HTTPS address hint) the gateway's [`Guard`]
-//! refuses (rebinding: E6, E22); remember the remaining answer addresses under the question name; answer
-//! with the client's id and question. Every query is logged, except refusals over budget (see above).
+//! NXDOMAIN); ask the policy (denied → NXDOMAIN, no upstream query: E9); class IN and no zone transfer, else
+//! REFUSED; a synthetic override answers without the upstream; local-only names and reverse names of
+//! blocked ranges → NXDOMAIN whatever the policy said (see `special.rs`); otherwise forward (failure →
+//! SERVFAIL) and strip every AAAA record and every A record (or SVCB/HTTPS address hint) the gateway's
+//! [`Guard`] refuses (rebinding: E6, E22); remember the remaining answer addresses under the question name;
+//! answer with the client's id and question. Every query is logged, except refusals over budget (see
+//! above).
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -119,18 +120,6 @@ impl<U: Forward> Server<U> {
             entry.deny(DenyReason::InvalidName);
             return (self.reply(query, ResponseCode::NXDomain), entry);
         };
-        if let Some(refusal) = special::refusal(&name, &self.ctx.guard) {
-            // Whatever the policy: these names only mean something on a local network.
-            let mut entry = LogEntry::new(agent, LogKind::Dns, Verdict::Allowed).to(name, 53);
-            entry.method = Some(question.query_type.to_string());
-            entry.deny(match refusal {
-                Refusal::SingleLabel | Refusal::LocalSuffix(_) => DenyReason::LocalName,
-                Refusal::PrivateReverse(_) => DenyReason::PrivateReverse,
-            });
-            tracing::debug!(agent = %agent, ?refusal, "local-only DNS name refused");
-            self.ctx.budget.record(agent, Event::RefusedLocal);
-            return (self.reply(query, ResponseCode::NXDomain), entry);
-        }
         let verdict = self.ctx.policy.may_resolve(agent, &name);
         let mut entry = LogEntry::new(agent, LogKind::Dns, verdict).to(name.clone(), 53);
         entry.method = Some(question.query_type.to_string());
@@ -167,6 +156,16 @@ impl<U: Forward> Server<U> {
                     .map_or_else(|| note.to_owned(), |r| format!("{r};{note}")),
             );
             return (reply, entry);
+        }
+        if let Some(refusal) = special::refusal(&name, &self.ctx.guard) {
+            // Whatever the policy allowed: these names only mean something on a local network.
+            entry.deny(match refusal {
+                Refusal::SingleLabel | Refusal::LocalSuffix(_) => DenyReason::LocalName,
+                Refusal::PrivateReverse(_) => DenyReason::PrivateReverse,
+            });
+            tracing::debug!(agent = %agent, ?refusal, "local-only DNS name refused");
+            self.ctx.budget.record(agent, Event::RefusedLocal);
+            return (self.reply(query, ResponseCode::NXDomain), entry);
         }
         self.ctx.budget.record(agent, Event::Forwarded);
         match self.ctx.upstream.forward(query).await {

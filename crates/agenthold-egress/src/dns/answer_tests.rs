@@ -347,3 +347,24 @@ fn over_budget_queries_are_refused_unforwarded_and_logged_once() {
         (21, 3, 18)
     );
 }
+
+// covers: E9
+#[test]
+fn a_synthetic_override_wins_over_the_local_name_refusal() {
+    // The operator's explicit (dangerous) override of a single-label name is answered: it is never
+    // forwarded either.
+    let s = server(NetworkPolicy::open(), |q| Ok(upstream_answer(q)));
+    let addr = s.ctx.synthetic.insert("myapi").unwrap();
+    let reply = run(s.answer(
+        &query(Name::from_ascii("myapi.").unwrap(), RecordType::A),
+        Transport::Udp,
+    ));
+    let reply = Message::from_vec(&reply.unwrap()).unwrap();
+    assert_eq!(reply.answers[0].data, RData::A(A(addr)));
+    let reply = run(s.answer(
+        &query(Name::from_ascii("other.").unwrap(), RecordType::A),
+        Transport::Udp,
+    ));
+    assert_eq!(rcode(reply), ResponseCode::NXDomain);
+    assert_eq!(s.ctx.upstream.calls.load(Ordering::SeqCst), 0);
+}

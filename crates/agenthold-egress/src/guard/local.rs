@@ -114,7 +114,10 @@ pub(super) fn watch() -> io::Result<Arc<OwnAddresses>> {
     let socket = match subscribe() {
         Ok(s) => Some(s),
         Err(e) => {
-            tracing::warn!(error = %e, period = ?PERIOD, "no netlink address notifications; re-reading periodically");
+            tracing::warn!(
+                error = %e, period = ?PERIOD,
+                "no netlink address notifications; re-reading periodically"
+            );
             None
         }
     };
@@ -162,7 +165,10 @@ fn run(own: &Weak<OwnAddresses>, socket: Option<&socket2::Socket>) {
             match read() {
                 Ok(nets) => own.set(nets),
                 Err(e) => {
-                    tracing::warn!(error = %e, "re-reading the gateway's own addresses failed; keeping the last list");
+                    tracing::warn!(
+                        error = %e,
+                        "re-reading the gateway's own addresses failed; keeping the last list"
+                    );
                 }
             }
             last_read = Instant::now();
