@@ -119,12 +119,19 @@ async fn one_agent_flooding_dns_is_refused_while_another_is_still_answered() {
             }),
     )
     .await;
+    let started = std::time::Instant::now();
     let flood = h
         .py(0, &["flood", &h.gw(0).to_string(), "qN.flood.test", "600"])
         .await;
+    let seconds = started.elapsed().as_secs();
     assert_eq!(flood["answered"], 600, "every query gets an answer: {flood}");
+    // 40 tokens of the gateway's burst beyond the reserve, plus 10 per second: most of the flood is refused
+    // (with a margin of 100 for a slow machine).
     let refused = flood["rcodes"]["5"].as_u64().unwrap_or(0);
-    assert!(refused >= 500, "most of the flood is REFUSED: {flood}");
+    assert!(
+        refused >= 460u64.saturating_sub(10 * (seconds + 1)),
+        "{seconds} s: {flood}"
+    );
     // Agent 1 is still answered, every time.
     let gw1 = h.gw(1).to_string();
     for i in 0..10 {
@@ -172,7 +179,10 @@ async fn one_agent_flooding_dns_is_refused_while_another_is_still_answered() {
                 .is_some_and(|r| r.starts_with("rate_limited;"))
         })
         .collect();
-    assert!(!limited.is_empty() && limited.len() <= 10, "{limited:#?}");
+    assert!(
+        !limited.is_empty() && limited.len() as u64 <= seconds + 2,
+        "{seconds} s: {limited:#?}"
+    );
     let logged: u64 = limited
         .iter()
         .map(|e| {
