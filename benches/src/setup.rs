@@ -20,6 +20,7 @@ use std::time::Duration;
 use agenthold_core::AgentId;
 use agenthold_core::policy::{NetworkPolicy, PolicyMode, PolicyTable};
 use agenthold_core::secret::SecretInjector;
+use agenthold_egress::dns::DnsLimits;
 use agenthold_egress::netns::NetNs;
 use agenthold_egress::nft::{self, GatewayRules, Ports};
 use agenthold_egress::{AgentSockets, CertificateAuthority, Dangerous, Gateway};
@@ -193,6 +194,15 @@ impl Env {
             let mut builder = Gateway::builder()
                 .policy(policies)
                 .dns_upstream(lo.dns)
+                // The DNS benchmark measures the resolver, not its per-agent budget (200 queries/s by
+                // default): lift the budget far above anything one machine sends.
+                .dns_limits(DnsLimits {
+                    agent_qps: 10_000_000,
+                    agent_burst: 10_000_000,
+                    gateway_qps: 10_000_000,
+                    gateway_burst: 10_000_000,
+                    gateway_reserve: 0,
+                })
                 .dangerous(Dangerous {
                     connect_to,
                     upstream_ca_pem,

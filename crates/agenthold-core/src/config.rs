@@ -5,7 +5,8 @@
 //! Loading: the YAML is merged over [`Config::default`] (every default is stated on its field and in
 //! `docs/configuration.md`), then every environment variable named `AGENTHOLD_` + the key path upper-cased
 //! with `.` replaced by `_` (`AGENTHOLD_EGRESS_PROXY_PORT`, `AGENTHOLD_DATA_DIR`) overrides its key. The list
-//! of keys is derived from the default configuration, so a new field gets its variable automatically.
+//! of keys is derived from the default configuration, so a new field gets its variable automatically. A list
+//! key (`egress.deny_cidrs`) takes a comma-separated value.
 //! Other `AGENTHOLD_*` variables (such as `AGENTHOLD_MASTER_KEY`) are ignored here. The process environment
 //! is only ever read.
 
@@ -15,7 +16,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -46,7 +47,7 @@ pub struct Config {
     pub server: ServerConfig,
 }
 
-/// `egress.*`: the gateway's ports, upstream DNS, request log and timeouts.
+/// `egress.*`: the gateway's ports, upstream DNS, request log, timeouts, address deny list and DNS budgets.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EgressConfig {
@@ -85,6 +86,22 @@ pub struct EgressConfig {
     pub max_connections_per_agent: usize,
     /// Requests one agent may have in flight upstream at once (HTTP and intercepted HTTPS). Default: `256`.
     pub max_requests_per_agent: usize,
+    /// Address ranges the gateway never dials, on top of the built-in guard (IANA special-purpose ranges,
+    /// the host's own addresses, provider endpoints): IPv4 or IPv6 CIDRs without host bits. In the
+    /// environment: comma-separated. Default: `[]`.
+    pub deny_cidrs: Vec<IpNet>,
+    /// DNS queries per second each agent may send (token bucket rate; at least 1). Default: `200`.
+    pub dns_agent_qps: u32,
+    /// DNS queries an agent may send in a burst (token bucket size; at least 1). Default: `400`.
+    pub dns_agent_burst: u32,
+    /// DNS queries per second for all agents together (at least 1). Default: `2000`.
+    pub dns_gateway_qps: u32,
+    /// DNS queries in a burst for all agents together (at least 1). Default: `4000`.
+    pub dns_gateway_burst: u32,
+    /// Of the gateway-wide burst, this many queries are kept for agents that have used less than half of
+    /// their own burst, so agents flooding DNS cannot starve the others (less than `dns_gateway_burst`).
+    /// Default: `1000`.
+    pub dns_gateway_reserve: u32,
 }
 
 impl Default for EgressConfig {
@@ -105,6 +122,12 @@ impl Default for EgressConfig {
             max_connections: 0,
             max_connections_per_agent: 1024,
             max_requests_per_agent: 256,
+            deny_cidrs: Vec::new(),
+            dns_agent_qps: 200,
+            dns_agent_burst: 400,
+            dns_gateway_qps: 2000,
+            dns_gateway_burst: 4000,
+            dns_gateway_reserve: 1000,
         }
     }
 }
@@ -276,6 +299,15 @@ impl Config {
             let Some(leaf) = known.get(&name) else { continue };
             let value = if leaf.default.is_string() {
                 Value::String(raw)
+            } else if leaf.default.is_array() {
+                // A list from the environment: comma-separated items, each taken verbatim (trimmed).
+                Value::Array(
+                    raw.split(',')
+                        .map(str::trim)
+                        .filter(|item| !item.is_empty())
+                        .map(|item| Value::String(item.to_owned()))
+                        .collect(),
+                )
             } else {
                 parse_scalar(&raw).ok_or_else(|| Error::Config {
                     key: name.clone(),
@@ -290,10 +322,15 @@ impl Config {
             tracing::debug!(variable = %name, key = %leaf.path, "configuration key set from the environment");
             origin.insert(leaf.path.clone(), name);
         }
-        // Blame the first key involved that an environment variable set, else the first key.
+        // Blame the first key involved that an environment variable set (a list item, `key[1]`, counts as its
+        // list's key), else the first key.
+        let set_by = |k: &str| {
+            let list = k.split_once('[').map_or(k, |(list, _)| list);
+            origin.get(k).or_else(|| origin.get(list))
+        };
         let name_key = |keys: Vec<String>, problem: String| match keys
             .iter()
-            .find_map(|k| origin.get(k).map(|var| (k, var)))
+            .find_map(|k| set_by(k).map(|var| (k, var)))
         {
             Some((path, var)) => Error::Config {
                 key: var.clone(),
@@ -420,6 +457,37 @@ impl Config {
                     e.dns_upstream
                 ),
             );
+        }
+        for (i, net) in e.deny_cidrs.iter().enumerate() {
+            if net.trunc() != *net {
+                return fail(
+                    &format!("egress.deny_cidrs[{i}]"),
+                    format!("{net} has host bits set; did you mean {}?", net.trunc()),
+                );
+            }
+        }
+        for (key, value) in [
+            ("egress.dns_agent_qps", e.dns_agent_qps),
+            ("egress.dns_agent_burst", e.dns_agent_burst),
+            ("egress.dns_gateway_qps", e.dns_gateway_qps),
+            ("egress.dns_gateway_burst", e.dns_gateway_burst),
+        ] {
+            if value == 0 {
+                return fail(key, "must be at least 1, found 0".into());
+            }
+        }
+        if e.dns_gateway_reserve >= e.dns_gateway_burst {
+            let problem = format!(
+                "{} must be less than egress.dns_gateway_burst ({})",
+                e.dns_gateway_reserve, e.dns_gateway_burst
+            );
+            return Err((
+                vec![
+                    "egress.dns_gateway_reserve".into(),
+                    "egress.dns_gateway_burst".into(),
+                ],
+                problem,
+            ));
         }
         for (key, secs) in [
             ("egress.sniff_timeout_secs", e.sniff_timeout_secs),

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use agenthold_core::config::{ContainerRuntime, LeakGuard, default_data_dir, parse_resolv_conf};
 use agenthold_core::{Config, Error};
+use ipnet::IpNet;
 
 fn no_env() -> Vec<(String, String)> {
     Vec::new()
@@ -49,6 +50,12 @@ egress:
   sniff_timeout_secs: 3
   connect_timeout_secs: 4
   idle_timeout_secs: 60
+  deny_cidrs: [45.77.0.0/16, 2a0e:97c0:1::/48]
+  dns_agent_qps: 50
+  dns_agent_burst: 60
+  dns_gateway_qps: 500
+  dns_gateway_burst: 700
+  dns_gateway_reserve: 100
 secrets:
   master_key_file: /run/secrets/agenthold.key
 sandbox:
@@ -164,6 +171,24 @@ fn full_yaml_round_trips() {
     assert_eq!(c.egress.log_keep, 100);
     assert_eq!(c.egress.leak_guard, LeakGuard::Log);
     assert_eq!(c.egress.idle_timeout(), Duration::from_secs(60));
+    assert_eq!(
+        c.egress.deny_cidrs,
+        [
+            "45.77.0.0/16".parse::<IpNet>().unwrap(),
+            "2a0e:97c0:1::/48".parse().unwrap()
+        ]
+    );
+    let e = &c.egress;
+    assert_eq!(
+        (
+            e.dns_agent_qps,
+            e.dns_agent_burst,
+            e.dns_gateway_qps,
+            e.dns_gateway_burst,
+            e.dns_gateway_reserve
+        ),
+        (50, 60, 500, 700, 100)
+    );
     assert_eq!(
         c.master_key_file().unwrap(),
         Path::new("/run/secrets/agenthold.key")
@@ -435,7 +460,7 @@ fn every_key_has_a_variable() {
     ] {
         assert!(vars.contains(&(var.to_owned(), key.to_owned())), "{var}");
     }
-    assert_eq!(vars.len(), 1 + 15 + 1 + 7 + 1);
+    assert_eq!(vars.len(), 1 + 21 + 1 + 7 + 1);
     // The master key variable is not a configuration key, so it can never be mistaken for one.
     assert!(vars.iter().all(|(var, _)| var != "AGENTHOLD_MASTER_KEY"));
 }
@@ -508,4 +533,112 @@ fn resolv_conf_parsing() {
     assert_eq!(ns(""), None);
     assert_eq!(ns("search example.com\n# nameserver 1.1.1.1\n"), None);
     assert_eq!(ns("nameserver fe80::1%eth0\n"), None);
+}
+
+// covers: E22, E20
+#[test]
+fn deny_cidrs_and_dns_budgets_have_documented_defaults_and_are_checked() {
+    let e = Config::default().egress;
+    assert!(e.deny_cidrs.is_empty());
+    assert_eq!(
+        (
+            e.dns_agent_qps,
+            e.dns_agent_burst,
+            e.dns_gateway_qps,
+            e.dns_gateway_burst,
+            e.dns_gateway_reserve
+        ),
+        (200, 400, 2000, 4000, 1000)
+    );
+    let c = Config::from_yaml(
+        "egress:\n  deny_cidrs:\n    - 203.0.113.0/24\n    - fd00::/8\n",
+        no_env(),
+    )
+    .unwrap();
+    assert_eq!(c.egress.deny_cidrs.len(), 2);
+    for (yaml, key, expected) in [
+        (
+            "egress:\n  deny_cidrs: [45.77.0.0/33]\n",
+            "egress.deny_cidrs[0]",
+            "",
+        ),
+        (
+            "egress:\n  deny_cidrs: [8.8.8.8/32, nonsense]\n",
+            "egress.deny_cidrs[1]",
+            "",
+        ),
+        (
+            "egress:\n  deny_cidrs: [45.77.1.2/16]\n",
+            "egress.deny_cidrs[0]",
+            "did you mean 45.77.0.0/16",
+        ),
+        (
+            "egress:\n  deny_cidrs: [\"2a0e::1/16\"]\n",
+            "egress.deny_cidrs[0]",
+            "host bits",
+        ),
+        ("egress:\n  deny_cidrs: 10.0.0.0/8\n", "egress.deny_cidrs", ""),
+        (
+            "egress:\n  dns_agent_qps: 0\n",
+            "egress.dns_agent_qps",
+            "at least 1",
+        ),
+        (
+            "egress:\n  dns_agent_burst: 0\n",
+            "egress.dns_agent_burst",
+            "at least 1",
+        ),
+        (
+            "egress:\n  dns_gateway_qps: 0\n",
+            "egress.dns_gateway_qps",
+            "at least 1",
+        ),
+        (
+            "egress:\n  dns_gateway_burst: 10\n",
+            "egress.dns_gateway_reserve",
+            "less than",
+        ),
+        (
+            "egress:\n  dns_gateway_reserve: 4000\n",
+            "egress.dns_gateway_reserve",
+            "less than",
+        ),
+        ("egress:\n  dns_agent_qps: -5\n", "egress.dns_agent_qps", ""),
+    ] {
+        let problem = fails_on(yaml, key);
+        assert!(problem.contains(expected), "{yaml:?}: {problem}");
+    }
+    // From the environment: a comma-separated list, replacing the file's.
+    let c = Config::from_yaml(
+        FULL,
+        env(&[
+            ("AGENTHOLD_EGRESS_DENY_CIDRS", " 198.51.100.0/24, 2001:db8::/32 ,"),
+            ("AGENTHOLD_EGRESS_DNS_AGENT_QPS", "7"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        c.egress.deny_cidrs,
+        [
+            "198.51.100.0/24".parse::<IpNet>().unwrap(),
+            "2001:db8::/32".parse().unwrap()
+        ]
+    );
+    assert_eq!(c.egress.dns_agent_qps, 7);
+    let c = Config::from_yaml(FULL, env(&[("AGENTHOLD_EGRESS_DENY_CIDRS", "")])).unwrap();
+    assert!(
+        c.egress.deny_cidrs.is_empty(),
+        "an empty variable empties the list"
+    );
+    let (key, problem) = config_error(Config::from_yaml(
+        "",
+        env(&[("AGENTHOLD_EGRESS_DENY_CIDRS", "10.0.0.0/8,bad")]),
+    ));
+    assert_eq!(key, "AGENTHOLD_EGRESS_DENY_CIDRS", "{problem}");
+    assert!(problem.contains("egress.deny_cidrs"), "{problem}");
+    let (key, _) = config_error(Config::from_yaml(
+        "",
+        env(&[("AGENTHOLD_EGRESS_DENY_CIDRS", "10.0.0.1/8")]),
+    ));
+    assert_eq!(key, "AGENTHOLD_EGRESS_DENY_CIDRS");
 }

@@ -1,5 +1,6 @@
-//! Dialling upstreams (E5, E6): resolve the name on the gateway, pass every address through the guard,
-//! connect with a timeout. The address a sandbox used is never dialled for a named destination; only
+//! Dialling upstreams (E5, E6, E22): resolve the name on the gateway, pass every address through the
+//! gateway's [`Guard`] (registry rows, provider endpoints, the deny list, the host's own addresses), connect
+//! with a timeout. The address a sandbox used is never dialled for a named destination; only
 //! destinations without any name (a ClientHello without SNI, a TCP connection to an address the agent did
 //! not resolve through us) are dialled by address, and those addresses pass the guard too.
 
@@ -12,7 +13,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use tokio::net::TcpStream;
 
-use crate::guard::{self, Blocked};
+use crate::guard::{Blocked, Guard};
 
 /// Resolves names to addresses for dialling. The gateway's implementation is its DNS upstream client with
 /// a cache; tests may plug their own.
@@ -65,6 +66,8 @@ impl DialError {
 #[derive(Clone)]
 pub(crate) struct Dialer {
     resolver: Arc<dyn Resolve>,
+    /// Consulted on every address before it is dialled.
+    guard: Arc<Guard>,
     /// `dangerous` test overrides: (name, port) → address, dialled without the guard.
     connect_to: Arc<HashMap<(String, u16), SocketAddr>>,
     connect_timeout: Duration,
@@ -81,11 +84,13 @@ impl fmt::Debug for Dialer {
 impl Dialer {
     pub(crate) fn new(
         resolver: Arc<dyn Resolve>,
+        guard: Arc<Guard>,
         connect_to: HashMap<(String, u16), SocketAddr>,
         connect_timeout: Duration,
     ) -> Self {
         Self {
             resolver,
+            guard,
             connect_to: Arc::new(connect_to),
             connect_timeout,
         }
@@ -107,7 +112,7 @@ impl Dialer {
             return Err(DialError::NoAddress);
         }
         let mut first_block = None;
-        addrs.retain(|a| match guard::check(*a) {
+        addrs.retain(|a| match self.guard.check(*a) {
             Ok(()) => true,
             Err(b) => {
                 first_block.get_or_insert(b);
@@ -134,7 +139,7 @@ impl Dialer {
 
     /// Dial an address the sandbox gave (no name known), after the guard.
     pub(crate) async fn dial_addr(&self, addr: SocketAddr) -> Result<TcpStream, DialError> {
-        guard::check(addr.ip()).map_err(DialError::Blocked)?;
+        self.guard.check(addr.ip()).map_err(DialError::Blocked)?;
         self.connect(addr).await
     }
 
@@ -163,8 +168,13 @@ mod tests {
     }
 
     fn dialer(addrs: &[&str], connect_to: &[(&str, u16, SocketAddr)]) -> Dialer {
+        dialer_with(Guard::new([]), addrs, connect_to)
+    }
+
+    fn dialer_with(guard: Guard, addrs: &[&str], connect_to: &[(&str, u16, SocketAddr)]) -> Dialer {
         Dialer::new(
             Arc::new(Fixed(addrs.iter().map(|a| a.parse().unwrap()).collect())),
+            Arc::new(guard),
             connect_to
                 .iter()
                 .map(|(n, p, a)| ((n.to_string(), *p), *a))
@@ -202,5 +212,36 @@ mod tests {
                 .unwrap_err()
                 .is_blocked()
         );
+    }
+
+    // covers: E22
+    #[tokio::test]
+    async fn the_hosts_own_denied_and_provider_addresses_are_refused() {
+        let guard = || {
+            Guard::with_own_addresses(
+                ["45.77.0.0/16".parse().unwrap()],
+                vec![
+                    "45.76.0.10/32".parse().unwrap(),
+                    "2a0e:1234:5678:9abc::/64".parse().unwrap(),
+                ],
+            )
+        };
+        for addr in [
+            "45.76.0.10",
+            "2a0e:1234:5678:9abc::99",
+            "45.77.3.4",
+            "168.63.129.16",
+            "2001:4::1",
+            "::ffff:45.76.0.10",
+        ] {
+            let d = dialer_with(guard(), &[addr], &[]);
+            let err = d.dial_name("own.example", 80, None).await.unwrap_err();
+            assert!(err.is_blocked(), "{addr}: {err}");
+            let err = d
+                .dial_addr((addr.parse::<IpAddr>().unwrap(), 80).into())
+                .await
+                .unwrap_err();
+            assert!(err.is_blocked(), "{addr}: {err}");
+        }
     }
 }

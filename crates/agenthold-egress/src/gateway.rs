@@ -5,6 +5,11 @@
 //! Agent identity comes from which sockets a connection or query arrives on: the caller binds each agent's
 //! sockets to that agent's gateway address, and the nftables rules only let an agent's interface reach its
 //! own address. Nothing the sandbox sends is used to identify it.
+//!
+//! The gateway owns one address [`Guard`] (E22), made in [`GatewayBuilder::build`] from the namespace of the
+//! thread that builds it (the namespace it dials from) and consulted by every dial and every DNS answer, and
+//! one [`dns::DnsBudget`] shared by every agent's resolver (E20); [`Gateway::guard`] and
+//! [`Gateway::dns_counters`] expose them.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -16,6 +21,7 @@ use agenthold_core::AgentId;
 use agenthold_core::config::EgressConfig;
 use agenthold_core::policy::{DenyReason, Destination, EgressPolicy, Verdict, normalize_name};
 use agenthold_core::secret::SecretInjector;
+use ipnet::IpNet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -24,6 +30,7 @@ use crate::ca::CertificateAuthority;
 use crate::dial::{Dialer, Resolve};
 use crate::dns;
 use crate::error::{Error, Result};
+use crate::guard::Guard;
 use crate::log::RequestLog;
 use crate::open::OpenConnections;
 use crate::upstream::HttpClient;
@@ -166,6 +173,8 @@ pub struct GatewayBuilder {
     limits: Limits,
     disabled: bool,
     dangerous: Dangerous,
+    deny_cidrs: Vec<IpNet>,
+    dns_limits: dns::DnsLimits,
 }
 
 /// Budgets of the gateway (E20); see `egress.max_*` in the configuration.
@@ -233,6 +242,8 @@ impl fmt::Debug for GatewayBuilder {
             .field("log_keep", &self.log_keep)
             .field("disabled", &self.disabled)
             .field("dangerous", &self.dangerous)
+            .field("deny_cidrs", &self.deny_cidrs)
+            .field("dns_limits", &self.dns_limits)
             .finish_non_exhaustive()
     }
 }
@@ -309,8 +320,23 @@ impl GatewayBuilder {
         self
     }
 
-    /// Apply the `egress` section of the configuration: timeouts, log size, disabled. The DNS upstream is
-    /// resolved from it as well when not set explicitly.
+    /// Ranges never dialled on top of the built-in guard (`egress.deny_cidrs`; default none). Host bits are
+    /// cleared.
+    #[must_use]
+    pub fn deny_cidrs(mut self, cidrs: Vec<IpNet>) -> Self {
+        self.deny_cidrs = cidrs;
+        self
+    }
+
+    /// DNS budgets per agent and for the gateway (default [`dns::DnsLimits::default`]).
+    #[must_use]
+    pub fn dns_limits(mut self, limits: dns::DnsLimits) -> Self {
+        self.dns_limits = limits;
+        self
+    }
+
+    /// Apply the `egress` section of the configuration: timeouts, log size, disabled, deny list, DNS budgets.
+    /// The DNS upstream is resolved from it as well when not set explicitly.
     ///
     /// # Errors
     /// When `dns_upstream` is empty and resolv.conf has no usable nameserver.
@@ -324,6 +350,8 @@ impl GatewayBuilder {
             requests_per_agent: egress.max_requests_per_agent,
         };
         self.disabled = egress.disabled;
+        self.deny_cidrs.clone_from(&egress.deny_cidrs);
+        self.dns_limits = dns::DnsLimits::from_config(egress);
         if self.dns_upstream.is_none() {
             self.dns_upstream = Some(egress.dns_upstream()?);
         }
@@ -337,11 +365,14 @@ impl GatewayBuilder {
         self
     }
 
-    /// Build the gateway. Must be called inside a tokio runtime.
+    /// Build the gateway. Must be called inside a tokio runtime, on a thread in the network namespace the
+    /// gateway dials from (the process's own, normally): the address guard reads and follows that
+    /// namespace's addresses.
     ///
     /// # Errors
     /// [`Error::Config`] when no policy or no DNS upstream was given, or an injector without a CA;
-    /// [`Error::Tls`] when the extra upstream trust anchor is not a PEM certificate.
+    /// [`Error::Tls`] when the extra upstream trust anchor is not a PEM certificate; [`Error::Io`] when the
+    /// namespace's own addresses cannot be read.
     pub fn build(self) -> Result<Gateway> {
         let policy = self.policy.ok_or_else(|| Error::Config {
             problem: "a policy is required".into(),
@@ -372,7 +403,12 @@ impl GatewayBuilder {
         }
         let tls_client = crate::tls::client_config(self.dangerous.upstream_ca_pem.as_deref())?;
         let tls_server = self.ca.map(crate::tls::server_config).transpose()?;
-        let dialer = Dialer::new(resolver, connect_to, self.timeouts.connect);
+        let guard = Arc::new(
+            Guard::watching(self.deny_cidrs)
+                .map_err(|e| Error::io("reading the host's own addresses for the address guard", e))?,
+        );
+        let dns_budget = Arc::new(dns::DnsBudget::new(self.dns_limits));
+        let dialer = Dialer::new(resolver, Arc::clone(&guard), connect_to, self.timeouts.connect);
         let shared = Arc::new(Shared {
             policy,
             injector: self.injector,
@@ -402,6 +438,8 @@ impl GatewayBuilder {
             shared,
             upstream,
             synthetic,
+            guard,
+            dns_budget,
             agents: Mutex::new(HashMap::new()),
             root,
             tasks,
@@ -414,6 +452,8 @@ pub struct Gateway {
     shared: Arc<Shared>,
     upstream: Arc<dns::Upstream>,
     synthetic: Arc<dns::SyntheticNames>,
+    guard: Arc<Guard>,
+    dns_budget: Arc<dns::DnsBudget>,
     agents: Mutex<HashMap<AgentId, (CancellationToken, Arc<AgentBudget>)>>,
     root: CancellationToken,
     tasks: TaskTracker,
@@ -443,6 +483,8 @@ impl Gateway {
             limits: Limits::default(),
             disabled: false,
             dangerous: Dangerous::default(),
+            deny_cidrs: Vec::new(),
+            dns_limits: dns::DnsLimits::default(),
         }
     }
 
@@ -450,6 +492,19 @@ impl Gateway {
     #[must_use]
     pub fn log(&self) -> &Arc<RequestLog> {
         &self.shared.log
+    }
+
+    /// The address guard every dial and DNS answer goes through.
+    #[must_use]
+    pub fn guard(&self) -> &Arc<Guard> {
+        &self.guard
+    }
+
+    /// What the resolvers did with DNS queries: totals and per attached agent (forwarded, refused over
+    /// budget, refused as local names).
+    #[must_use]
+    pub fn dns_counters(&self) -> dns::DnsCounters {
+        self.dns_budget.counters()
     }
 
     /// Serve `agent` on `sockets` (replacing a previous attachment of the same agent). Must be called inside
@@ -502,6 +557,8 @@ impl Gateway {
                 records: Arc::clone(&self.shared.records),
                 log: Arc::clone(&self.shared.log),
                 synthetic: Arc::clone(&self.synthetic),
+                guard: Arc::clone(&self.guard),
+                budget: Arc::clone(&self.dns_budget),
             });
             let handle = server.spawn_std(udp, tcp_listener)?;
 
@@ -528,6 +585,7 @@ impl Gateway {
             token.cancel();
         }
         self.shared.records.forget(agent);
+        self.dns_budget.forget(agent);
     }
 
     /// Stop everything and wait (up to `grace`) for tasks to end.

@@ -1,9 +1,10 @@
-//! The egress gateway (E3–E9, E13–E16), usable without Docker.
+//! The egress gateway (E3–E9, E13–E16, E20, E22), usable without Docker.
 //!
 //! - [`gateway`]: the entry point, [`Gateway::builder`]: per agent, serve the transparent proxy, the
 //!   explicit proxy and DNS on sockets the caller bound inside the gateway's network namespace.
 //! - [`ca`]: the installation's CA and the leaf certificates of intercepted hosts.
-//! - [`guard`]: the one function that decides whether an upstream address may ever be dialled.
+//! - [`guard`]: the address guard that decides whether an upstream address may ever be dialled: the IANA
+//!   special-purpose registries row by row, provider endpoints, the deny list and the host's own addresses.
 //! - [`dns`]: the resolver sandboxes talk to, and the gateway's own upstream DNS client.
 //! - [`sniff`]: parsers of the first bytes a sandbox sends (TLS ClientHello, HTTP request heads, CONNECT).
 //! - [`log`]: the per-agent request log.

@@ -116,6 +116,14 @@ pub enum DenyReason {
     Revoked,
     /// The agent (or the whole gateway) is at its budget of connections or upstream requests (E20).
     OverBudget,
+    /// A DNS name that only has a meaning on a local network (`.local`, `.internal`, a single label, …):
+    /// never forwarded, whatever the policy.
+    LocalName,
+    /// A reverse DNS name (`in-addr.arpa`, `ip6.arpa`) of an address range the address guard blocks: never
+    /// forwarded, whatever the policy.
+    PrivateReverse,
+    /// The agent's (or the whole gateway's) budget for this kind of traffic is spent.
+    RateLimited,
 }
 
 impl DenyReason {
@@ -137,6 +145,9 @@ impl DenyReason {
             Self::AmbiguousPath => "ambiguous_path",
             Self::Revoked => "revoked",
             Self::OverBudget => "over_budget",
+            Self::LocalName => "local_name",
+            Self::PrivateReverse => "private_reverse",
+            Self::RateLimited => "rate_limited",
         }
     }
 }

@@ -1,16 +1,20 @@
 //! What the gateway answers to one query packet: [`Server::answer`], free of sockets so that tests and the
 //! fuzz target can drive it with a fake [`Forward`].
 //!
-//! In order: parse (malformed → FORMERR when a header can be read, else dropped; responses are never
-//! answered, so two resolvers cannot be made to loop); opcode QUERY and exactly one question, else NOTIMP /
-//! FORMERR; normalise the name (invalid → NXDOMAIN); ask the policy (denied → NXDOMAIN, no upstream query:
-//! E9); class IN and no zone transfer, else REFUSED; a synthetic override answers without the upstream;
-//! otherwise forward (failure → SERVFAIL) and strip every AAAA record and every A record (or SVCB/HTTPS
-//! address hint) the address guard refuses; remember the remaining answer addresses under the question
-//! name; answer with the client's id and question. Every query is logged.
+//! In order: parse; take the query's tokens from the agent's and the gateway's DNS budgets (over budget:
+//! REFUSED, or nothing for an unreadable packet, logged at most once a second per agent: E20); malformed →
+//! FORMERR when a header can be read, else dropped (responses are never answered, so two resolvers cannot be
+//! made to loop); opcode QUERY and exactly one question, else NOTIMP / FORMERR; normalise the name (invalid →
+//! NXDOMAIN); ask the policy (denied → NXDOMAIN, no upstream query: E9); class IN and no zone transfer, else
+//! REFUSED; a synthetic override answers without the upstream; local-only names and reverse names of
+//! blocked ranges → NXDOMAIN whatever the policy said (see `special.rs`); otherwise forward (failure →
+//! SERVFAIL) and strip every AAAA record and every A record (or SVCB/HTTPS address hint) the gateway's
+//! [`Guard`] refuses (rebinding: E6, E22); remember the remaining answer addresses under the question name;
+//! answer with the client's id and question. Every query is logged, except refusals over budget (see
+//! above).
 
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agenthold_core::policy::{DenyReason, Verdict, normalize_name};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, ResponseCode};
@@ -19,8 +23,10 @@ use hickory_proto::rr::rdata::svcb::{SVCB, SvcParamValue};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 
 use super::Forward;
+use super::budget::{Admission, Event, Scope};
 use super::server::Server;
-use crate::guard;
+use super::special::{self, Refusal};
+use crate::guard::{Blocked, Guard};
 use crate::log::{LogEntry, LogKind};
 
 /// TTL of a synthetic answer.
@@ -42,7 +48,7 @@ pub enum Transport {
 /// Addresses removed from an upstream answer.
 #[derive(Debug, Default)]
 struct Stripped {
-    blocked: Vec<(IpAddr, &'static str)>,
+    blocked: Vec<(IpAddr, Blocked)>,
     aaaa: usize,
 }
 
@@ -50,7 +56,12 @@ impl<U: Forward> Server<U> {
     /// The reply to one query packet received on `transport`, or `None` when nothing should be sent back
     /// (unreadable packets, responses). Logs the query. Never panics, whatever the bytes.
     pub async fn answer(&self, packet: &[u8], transport: Transport) -> Option<Vec<u8>> {
-        let query = match Message::from_vec(packet) {
+        let parsed = Message::from_vec(packet);
+        if let Admission::Refused { scope, log } = self.ctx.budget.admit(&self.ctx.agent, Instant::now()) {
+            let query = parsed.ok().filter(|q| q.message_type == MessageType::Query);
+            return self.over_budget(query, scope, log, transport);
+        }
+        let query = match parsed {
             Ok(query) if query.message_type == MessageType::Query => query,
             Ok(_) => return self.unreadable(packet, "a response, not a query"),
             Err(e) => return self.unreadable(packet, &e.to_string()),
@@ -59,6 +70,35 @@ impl<U: Forward> Server<U> {
         entry.status = Some(u16::from(reply.response_code));
         self.ctx.log.record(entry);
         self.encode(&reply, &query, transport)
+    }
+
+    /// The reply to a packet over budget: REFUSED for a readable query, nothing otherwise; nothing is
+    /// forwarded. Logged only when `log` says an entry is due (with the count it carries).
+    fn over_budget(
+        &self,
+        query: Option<Message>,
+        scope: Scope,
+        log: Option<u64>,
+        transport: Transport,
+    ) -> Option<Vec<u8>> {
+        if let Some(count) = log {
+            let mut entry = LogEntry::new(&self.ctx.agent, LogKind::Dns, Verdict::Allowed);
+            entry.deny(DenyReason::RateLimited);
+            let reason = DenyReason::RateLimited;
+            entry.reason = Some(format!("{reason};{};refused={count}", scope.as_str()));
+            entry.status = Some(u16::from(ResponseCode::Refused));
+            entry.port = Some(53);
+            if let Some(question) = query.as_ref().and_then(|q| q.queries.first()) {
+                let name = question_name(&question.name);
+                entry.host = Some(
+                    name.unwrap_or_else(|| question.name.to_ascii().chars().take(MAX_LOGGED_NAME).collect()),
+                );
+                entry.method = Some(question.query_type.to_string());
+            }
+            self.ctx.log.record(entry);
+        }
+        let query = query?;
+        self.encode(&self.reply(&query, ResponseCode::Refused), &query, transport)
     }
 
     /// The reply and log entry for a parsed query.
@@ -117,6 +157,17 @@ impl<U: Forward> Server<U> {
             );
             return (reply, entry);
         }
+        if let Some(refusal) = special::refusal(&name, &self.ctx.guard) {
+            // Whatever the policy allowed: these names only mean something on a local network.
+            entry.deny(match refusal {
+                Refusal::SingleLabel | Refusal::LocalSuffix(_) => DenyReason::LocalName,
+                Refusal::PrivateReverse(_) => DenyReason::PrivateReverse,
+            });
+            tracing::debug!(agent = %agent, ?refusal, "local-only DNS name refused");
+            self.ctx.budget.record(agent, Event::RefusedLocal);
+            return (self.reply(query, ResponseCode::NXDomain), entry);
+        }
+        self.ctx.budget.record(agent, Event::Forwarded);
         match self.ctx.upstream.forward(query).await {
             Ok(upstream) => self.filtered(query, upstream, &name, question.query_type, entry),
             Err(e) => {
@@ -143,9 +194,10 @@ impl<U: Forward> Server<U> {
             rcode = ResponseCode::ServFail;
         }
         let mut reply = self.reply(query, rcode);
-        reply.answers = strip(upstream.answers, &mut stripped);
-        reply.authorities = strip(upstream.authorities, &mut stripped);
-        reply.additionals = strip(upstream.additionals, &mut stripped);
+        let guard = &self.ctx.guard;
+        reply.answers = strip(upstream.answers, guard, &mut stripped);
+        reply.authorities = strip(upstream.authorities, guard, &mut stripped);
+        reply.additionals = strip(upstream.additionals, guard, &mut stripped);
         let mut kept = false;
         for record in &reply.answers {
             if let RData::A(a) = &record.data {
@@ -159,7 +211,8 @@ impl<U: Forward> Server<U> {
         if !stripped.blocked.is_empty() {
             // Rebinding defence (E6): a public name must not hand the sandbox a private address.
             tracing::warn!(
-                agent = %self.ctx.agent, name = %name, blocked = ?stripped.blocked,
+                agent = %self.ctx.agent, name = %name,
+                blocked = ?stripped.blocked.iter().map(|(a, b)| format!("{a}: {b}")).collect::<Vec<_>>(),
                 "blocked addresses stripped from a DNS answer"
             );
             if kept || qtype != RecordType::A {
@@ -264,7 +317,7 @@ fn question_name(name: &Name) -> Option<String> {
 }
 
 /// `records` without AAAA records and without A records or SVCB/HTTPS hints the guard refuses.
-fn strip(records: Vec<Record>, stripped: &mut Stripped) -> Vec<Record> {
+fn strip(records: Vec<Record>, guard: &Guard, stripped: &mut Stripped) -> Vec<Record> {
     records
         .into_iter()
         .filter_map(|mut record| {
@@ -274,13 +327,14 @@ fn strip(records: Vec<Record>, stripped: &mut Stripped) -> Vec<Record> {
                     return None;
                 }
                 RData::A(a) => {
-                    if let Err(blocked) = guard::check_v4(a.0) {
-                        stripped.blocked.push((IpAddr::V4(a.0), blocked.range));
+                    let addr = IpAddr::V4(a.0);
+                    if let Err(blocked) = guard.check(addr) {
+                        stripped.blocked.push((addr, blocked));
                         return None;
                     }
                 }
-                RData::SVCB(svcb) => strip_hints(svcb, stripped),
-                RData::HTTPS(https) => strip_hints(&mut https.0, stripped),
+                RData::SVCB(svcb) => strip_hints(svcb, guard, stripped),
+                RData::HTTPS(https) => strip_hints(&mut https.0, guard, stripped),
                 _ => {}
             }
             Some(record)
@@ -292,15 +346,18 @@ fn strip(records: Vec<Record>, stripped: &mut Stripped) -> Vec<Record> {
 /// ECH configuration clients send their real server name in the clear, which is what the gateway decides
 /// on: with ECH the SNI it sees is only the provider's public name, and an allowlisted provider would let
 /// every site behind it through.
-fn strip_hints(svcb: &mut SVCB, stripped: &mut Stripped) {
+fn strip_hints(svcb: &mut SVCB, guard: &Guard, stripped: &mut Stripped) {
     svcb.svc_params.retain_mut(|(_, value)| match value {
         SvcParamValue::Ipv6Hint(_) | SvcParamValue::EchConfigList(_) => false,
         SvcParamValue::Ipv4Hint(hints) => {
-            hints.0.retain(|a| match guard::check_v4(a.0) {
-                Ok(()) => true,
-                Err(blocked) => {
-                    stripped.blocked.push((IpAddr::V4(a.0), blocked.range));
-                    false
+            hints.0.retain(|a| {
+                let addr = IpAddr::V4(a.0);
+                match guard.check(addr) {
+                    Ok(()) => true,
+                    Err(blocked) => {
+                        stripped.blocked.push((addr, blocked));
+                        false
+                    }
                 }
             });
             !hints.0.is_empty()
@@ -310,199 +367,5 @@ fn strip_hints(svcb: &mut SVCB, stripped: &mut Stripped) {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use agenthold_core::AgentId;
-    use agenthold_core::policy::{NetworkPolicy, PolicyMode, PolicyTable};
-    use hickory_proto::op::Query;
-    use hickory_proto::rr::rdata::svcb::{EchConfigList, IpHint, SvcParamKey};
-    use hickory_proto::rr::rdata::{AAAA, HTTPS};
-
-    use super::*;
-    use crate::dns::{LookupError, Records, ServerContext, SyntheticNames};
-    use crate::log::{Decision, RequestLog};
-
-    type Reply = fn(&Message) -> Result<Message, LookupError>;
-
-    /// Answers with `reply`, counting calls.
-    struct Fake {
-        calls: AtomicUsize,
-        reply: Reply,
-    }
-
-    impl Forward for Fake {
-        async fn forward(&self, query: &Message) -> Result<Message, LookupError> {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            (self.reply)(query)
-        }
-    }
-
-    fn server(policy: NetworkPolicy, reply: Reply) -> Server<Fake> {
-        let agent = AgentId::new("a").unwrap();
-        let table = PolicyTable::new();
-        table.set(agent.clone(), policy);
-        Server::new(ServerContext {
-            agent,
-            policy: Arc::new(table),
-            upstream: Arc::new(Fake {
-                calls: AtomicUsize::new(0),
-                reply,
-            }),
-            records: Arc::new(Records::new()),
-            log: Arc::new(RequestLog::new(10)),
-            synthetic: Arc::new(SyntheticNames::new()),
-        })
-    }
-
-    fn query(name: Name, rtype: RecordType) -> Vec<u8> {
-        let mut q = Message::query();
-        q.add_query(Query::query(name, rtype));
-        q.to_vec().unwrap()
-    }
-
-    fn upstream_answer(q: &Message) -> Message {
-        let name = q.queries[0].name.clone();
-        let mut m = Message::response(1, OpCode::Query);
-        m.queries.clone_from(&q.queries);
-        let hints = vec![
-            (
-                SvcParamKey::Ipv4Hint,
-                SvcParamValue::Ipv4Hint(IpHint(vec![A::new(127, 0, 0, 1), A::new(93, 184, 216, 34)])),
-            ),
-            (
-                SvcParamKey::Ipv6Hint,
-                SvcParamValue::Ipv6Hint(IpHint(vec![AAAA::new(0x2606, 0x2800, 0, 0, 0, 0, 0, 1)])),
-            ),
-            (
-                SvcParamKey::EchConfigList,
-                SvcParamValue::EchConfigList(EchConfigList(vec![0, 4, 1, 2, 3, 4])),
-            ),
-        ];
-        m.add_answer(Record::from_rdata(
-            name.clone(),
-            60,
-            RData::HTTPS(HTTPS(SVCB::new(1, Name::root(), hints))),
-        ));
-        m.add_additional(Record::from_rdata(
-            name.clone(),
-            60,
-            RData::A(A::new(10, 0, 0, 1)),
-        ));
-        m.add_additional(Record::from_rdata(
-            name,
-            60,
-            RData::AAAA(AAAA::new(0x2606, 0x2800, 0, 0, 0, 0, 0, 1)),
-        ));
-        m
-    }
-
-    fn run<F: Future>(f: F) -> F::Output {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(f)
-    }
-
-    #[test]
-    fn service_binding_hints_ech_aaaa_and_blocked_additionals_are_stripped() {
-        let s = server(NetworkPolicy::open(), |q| Ok(upstream_answer(q)));
-        let name = Name::from_ascii("svc.example.").unwrap();
-        let reply = run(s.answer(&query(name, RecordType::HTTPS), Transport::Udp)).unwrap();
-        let reply = Message::from_vec(&reply).unwrap();
-        assert!(reply.additionals.is_empty());
-        let [record] = reply.answers.as_slice() else {
-            panic!("{reply}")
-        };
-        let RData::HTTPS(https) = &record.data else {
-            panic!("{record}")
-        };
-        assert_eq!(https.0.svc_params.len(), 1);
-        let SvcParamValue::Ipv4Hint(hints) = &https.0.svc_params[0].1 else {
-            panic!("{https}")
-        };
-        assert_eq!(hints.0, [A::new(93, 184, 216, 34)]);
-        let entry = s.ctx.log.snapshot(&s.ctx.agent).pop().unwrap();
-        assert_eq!(
-            entry.decision,
-            Decision::Allowed,
-            "an HTTPS answer without A records is not a denial"
-        );
-        assert_eq!(entry.reason.as_deref(), Some("blocked_address"));
-    }
-
-    #[test]
-    fn denied_names_never_reach_the_upstream() {
-        let policy = NetworkPolicy::parse(PolicyMode::Allowlist, &["ok.example"]).unwrap();
-        let s = server(policy, |q| Ok(upstream_answer(q)));
-        let reply = run(s.answer(
-            &query(Name::from_ascii("no.example.").unwrap(), RecordType::A),
-            Transport::Udp,
-        ));
-        let reply = Message::from_vec(&reply.unwrap()).unwrap();
-        assert_eq!(reply.response_code, ResponseCode::NXDomain);
-        assert_eq!(s.ctx.upstream.calls.load(Ordering::SeqCst), 0);
-    }
-
-    #[test]
-    fn labels_with_dots_or_odd_bytes_are_invalid_names() {
-        let dotted = Name::from_labels([&b"evil.com"[..], b"ok", b"example"]).unwrap();
-        assert_eq!(question_name(&dotted), None);
-        let binary = Name::from_labels([&b"a\x00b"[..], b"example"]).unwrap();
-        assert_eq!(question_name(&binary), None);
-        assert_eq!(question_name(&Name::root()), None);
-        let fine = Name::from_ascii("Mixed-Case_x.Example.").unwrap();
-        assert_eq!(question_name(&fine).as_deref(), Some("mixed-case_x.example"));
-
-        let s = server(NetworkPolicy::open(), |q| Ok(upstream_answer(q)));
-        let reply = run(s.answer(&query(dotted, RecordType::A), Transport::Udp)).unwrap();
-        assert_eq!(
-            Message::from_vec(&reply).unwrap().response_code,
-            ResponseCode::NXDomain
-        );
-        assert_eq!(s.ctx.upstream.calls.load(Ordering::SeqCst), 0);
-        let entry = s.ctx.log.snapshot(&s.ctx.agent).pop().unwrap();
-        assert_eq!(entry.reason.as_deref(), Some("invalid_name"));
-    }
-
-    #[test]
-    fn extended_response_codes_without_edns_become_servfail() {
-        let s = server(NetworkPolicy::open(), |q| {
-            let mut m = Message::response(1, OpCode::Query);
-            m.queries.clone_from(&q.queries);
-            m.metadata.response_code = ResponseCode::BADCOOKIE;
-            Ok(m)
-        });
-        let reply = run(s.answer(
-            &query(Name::from_ascii("x.example.").unwrap(), RecordType::A),
-            Transport::Udp,
-        ));
-        assert_eq!(
-            Message::from_vec(&reply.unwrap()).unwrap().response_code,
-            ResponseCode::ServFail
-        );
-    }
-
-    #[test]
-    fn zone_transfers_and_other_classes_are_refused() {
-        let s = server(NetworkPolicy::open(), |q| Ok(upstream_answer(q)));
-        let axfr = query(Name::from_ascii("x.example.").unwrap(), RecordType::AXFR);
-        let reply = run(s.answer(&axfr, Transport::Tcp)).unwrap();
-        assert_eq!(
-            Message::from_vec(&reply).unwrap().response_code,
-            ResponseCode::Refused
-        );
-        let mut chaos = Message::query();
-        let mut q = Query::query(Name::from_ascii("version.bind.").unwrap(), RecordType::TXT);
-        q.set_query_class(DNSClass::CH);
-        chaos.add_query(q);
-        let reply = run(s.answer(&chaos.to_vec().unwrap(), Transport::Udp)).unwrap();
-        assert_eq!(
-            Message::from_vec(&reply).unwrap().response_code,
-            ResponseCode::Refused
-        );
-        assert_eq!(s.ctx.upstream.calls.load(Ordering::SeqCst), 0);
-    }
-}
+#[path = "answer_tests.rs"]
+mod tests;

@@ -3,8 +3,12 @@
 //!
 //! - [`Server`] answers one agent's queries on sockets the caller bound inside the gateway's network
 //!   namespace (the agent is whoever's socket a query arrived on, never something the packet says). Names the
-//!   agent's policy refuses get NXDOMAIN without any upstream query (E9); allowed names are forwarded, and
-//!   every A record whose address the [`guard`](crate::guard) refuses is stripped (DNS rebinding, E6).
+//!   agent's policy refuses get NXDOMAIN without any upstream query (E9), and so do, under every policy,
+//!   names that only mean something on a local network ([`LOCAL_SUFFIXES`], single labels, reverse names of
+//!   blocked ranges); allowed names are forwarded, and every A record whose address the gateway's
+//!   [`Guard`](crate::guard::Guard) refuses is stripped (DNS rebinding, E6, E22).
+//! - [`DnsBudget`] bounds queries per agent and for the whole gateway, with a reserve so that flooding agents
+//!   cannot starve quiet ones, and counts what happened to every query (E20).
 //! - [`Upstream`] is the DNS client towards `egress.dns_upstream`: [`Upstream::forward`] for the server and
 //!   [`Upstream::lookup`] (cached) for the proxy's own dialling.
 //! - [`Records`] remembers, per agent, which name each answered address came from, so the transparent proxy
@@ -20,9 +24,11 @@
 //! Wire format is hickory-proto's; it is re-exported as [`proto`] because its types appear in this API.
 
 mod answer;
+mod budget;
 mod cache;
 mod records;
 mod server;
+mod special;
 mod synthetic;
 mod upstream;
 
@@ -33,8 +39,10 @@ use std::time::Duration;
 pub use hickory_proto as proto;
 
 pub use answer::Transport;
+pub use budget::{DnsBudget, DnsCount, DnsCounters, DnsLimits};
 pub use records::{RECORDS_MIN_TTL, Records};
 pub use server::{Server, ServerContext, ServerHandle, ServerLimits};
+pub use special::LOCAL_SUFFIXES;
 pub use synthetic::{SYNTHETIC_RANGE, SyntheticNames};
 pub use upstream::{Lookup, Upstream};
 

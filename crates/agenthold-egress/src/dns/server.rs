@@ -22,8 +22,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::answer::Transport;
-use super::{Forward, Records, SyntheticNames, Upstream};
+use super::{DnsBudget, Forward, Records, SyntheticNames, Upstream};
 use crate::error::{Error, Result};
+use crate::guard::Guard;
 use crate::log::RequestLog;
 
 /// The largest query datagram read whole; longer ones are cut and answered FORMERR.
@@ -45,6 +46,11 @@ pub struct ServerContext<U = Upstream> {
     pub log: Arc<RequestLog>,
     /// Test-only name overrides answered with synthetic addresses (normally empty).
     pub synthetic: Arc<SyntheticNames>,
+    /// The gateway's address guard: answers lose the addresses it refuses, and reverse names of the ranges
+    /// it blocks are never forwarded.
+    pub guard: Arc<Guard>,
+    /// The DNS budgets and counters, shared by every agent of the gateway.
+    pub budget: Arc<DnsBudget>,
 }
 
 impl<U> fmt::Debug for ServerContext<U> {

@@ -113,7 +113,9 @@ mod tests {
         assert_eq!(s.name_of(b).as_deref(), Some("other.example"));
         assert!(SYNTHETIC_RANGE.contains(&a));
         assert!(
-            crate::guard::check_v4(a).is_err(),
+            crate::guard::Guard::new([])
+                .check(std::net::IpAddr::V4(a))
+                .is_err(),
             "the guard must block the synthetic range"
         );
     }

@@ -47,8 +47,8 @@ const MAX_ADDRS: usize = 64;
 
 /// The addresses a name resolved to, for the proxy's own dialling.
 ///
-/// The addresses are the upstream's, unchecked: the caller runs [`guard::check`](crate::guard::check) on each
-/// before dialling.
+/// The addresses are the upstream's, unchecked: the caller runs
+/// [`Guard::check`](crate::guard::Guard::check) on each before dialling.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lookup {
     /// The normalised name.

@@ -25,9 +25,9 @@ use agenthold_egress::dns::proto::op::{Message, MessageType};
 use agenthold_egress::dns::proto::rr::RData;
 use agenthold_egress::dns::proto::rr::rdata::svcb::{SVCB, SvcParamValue};
 use agenthold_egress::dns::{
-    Forward, LookupError, Records, Server, ServerContext, ServerLimits, SyntheticNames, Transport,
+    DnsBudget, Forward, LookupError, Records, Server, ServerContext, ServerLimits, SyntheticNames, Transport,
 };
-use agenthold_egress::guard;
+use agenthold_egress::guard::Guard;
 use agenthold_egress::log::RequestLog;
 
 /// Answers every forwarded query with the same message (or fails when the bytes did not parse).
@@ -71,6 +71,7 @@ pub(crate) fn check(data: &[u8]) {
         calls: AtomicUsize::new(0),
     });
     let log = Arc::new(RequestLog::new(4));
+    let guard = Arc::new(Guard::new([]));
     let server = Server::new(ServerContext {
         agent: agent.clone(),
         policy: Arc::clone(&table) as Arc<dyn EgressPolicy>,
@@ -78,6 +79,8 @@ pub(crate) fn check(data: &[u8]) {
         records: Arc::new(Records::new()),
         log: Arc::clone(&log),
         synthetic: Arc::new(synthetic),
+        guard: Arc::clone(&guard),
+        budget: Arc::new(DnsBudget::default()),
     });
     let transport = if flags & 8 != 0 {
         Transport::Tcp
@@ -123,26 +126,26 @@ pub(crate) fn check(data: &[u8]) {
     {
         match &record.data {
             RData::AAAA(a) => panic!("AAAA record {} reached the sandbox", a.0),
-            RData::A(a) if Some(a.0) != fake => assert_allowed(a.0),
-            RData::SVCB(svcb) => assert_hints_allowed(svcb),
-            RData::HTTPS(https) => assert_hints_allowed(&https.0),
+            RData::A(a) if Some(a.0) != fake => assert_allowed(&guard, a.0),
+            RData::SVCB(svcb) => assert_hints_allowed(&guard, svcb),
+            RData::HTTPS(https) => assert_hints_allowed(&guard, &https.0),
             _ => {}
         }
     }
 }
 
-fn assert_allowed(addr: Ipv4Addr) {
+fn assert_allowed(guard: &Guard, addr: Ipv4Addr) {
     assert!(
-        guard::check(IpAddr::V4(addr)).is_ok(),
+        guard.check(IpAddr::V4(addr)).is_ok(),
         "blocked address {addr} reached the sandbox"
     );
 }
 
-fn assert_hints_allowed(svcb: &SVCB) {
+fn assert_hints_allowed(guard: &Guard, svcb: &SVCB) {
     for (_, value) in &svcb.svc_params {
         match value {
             SvcParamValue::Ipv6Hint(_) => panic!("an IPv6 hint reached the sandbox"),
-            SvcParamValue::Ipv4Hint(hints) => hints.0.iter().for_each(|a| assert_allowed(a.0)),
+            SvcParamValue::Ipv4Hint(hints) => hints.0.iter().for_each(|a| assert_allowed(guard, a.0)),
             _ => {}
         }
     }

@@ -13,8 +13,9 @@ use agenthold_egress::dns::proto::op::{Edns, Message, MessageType, OpCode, Query
 use agenthold_egress::dns::proto::rr::rdata::A;
 use agenthold_egress::dns::proto::rr::{Name, RData, Record, RecordType};
 use agenthold_egress::dns::{
-    LookupError, Records, Server, ServerContext, ServerHandle, SyntheticNames, Transport, Upstream,
+    DnsBudget, LookupError, Records, Server, ServerContext, ServerHandle, SyntheticNames, Transport, Upstream,
 };
+use agenthold_egress::guard::Guard;
 use agenthold_egress::log::{Decision, LogKind, RequestLog};
 use agenthold_testsupport::{TestDns, init_tracing};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -57,6 +58,8 @@ async fn serve(
         records: Arc::clone(&records),
         log: Arc::clone(&log),
         synthetic: Arc::new(synthetic),
+        guard: Arc::new(Guard::new([])),
+        budget: Arc::new(DnsBudget::default()),
     });
     let udp = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
     let tcp = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();

@@ -351,6 +351,8 @@ async fn tcp_connection_closes_when_idle_and_shutdown_stops_the_server() {
         records: Arc::new(Records::new()),
         log: Arc::new(RequestLog::new(10)),
         synthetic: Arc::new(SyntheticNames::new()),
+        guard: Arc::new(Guard::new([])),
+        budget: Arc::new(DnsBudget::default()),
     })
     .with_limits(agenthold_egress::dns::ServerLimits {
         tcp_idle: Duration::from_millis(200),
@@ -421,6 +423,8 @@ async fn answer_is_callable_without_sockets() {
         records: Arc::new(Records::new()),
         log: Arc::new(RequestLog::new(10)),
         synthetic: Arc::new(SyntheticNames::new()),
+        guard: Arc::new(Guard::new([])),
+        budget: Arc::new(DnsBudget::default()),
     });
     let q = query("direct.test.", RecordType::A, false);
     let reply = server.answer(&q.to_vec().unwrap(), Transport::Tcp).await.unwrap();

@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
-use agenthold_egress::guard;
+use agenthold_egress::guard::Guard;
 use agenthold_egress::nft::{self, GatewayRules, Ports};
 use agenthold_testsupport::{TestNet, init_tracing, require_root};
 
@@ -53,7 +53,7 @@ async fn an_agent_cannot_reach_another_agents_gateway_address() {
     assert_eq!(answer["listener"], "proxy-a");
     assert_eq!(answer["original_dst"], at(b.gateway_addr(), 15002).to_string());
     assert!(
-        guard::check(IpAddr::V4(b.gateway_addr())).is_err(),
+        Guard::new([]).check(IpAddr::V4(b.gateway_addr())).is_err(),
         "the proxy never dials another agent"
     );
     // Everything else to B's .2 from A is dropped.

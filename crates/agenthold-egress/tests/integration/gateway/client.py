@@ -15,7 +15,7 @@ def err(e):
 
 # --- DNS ------------------------------------------------------------------------------------------------
 
-QTYPES = {"A": 1, "AAAA": 28, "TXT": 16}
+QTYPES = {"A": 1, "AAAA": 28, "TXT": 16, "PTR": 12, "SOA": 6}
 
 
 def dns_packet(name, qtype):
@@ -541,20 +541,25 @@ def until(kind, target, expect, limit):
 
 
 def flood(server, template, count):
-    """`count` UDP queries, one after the other: how many were answered (any response code)."""
+    """`count` UDP queries, one after the other: how many were answered (any response code), and how many
+    with each response code."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.settimeout(1.0)
     s.connect((server, 53))
     answered = 0
+    rcodes = {}
     for i in range(int(count)):
         qid, pkt = dns_packet(template.replace("N", str(i)), "A")
         s.send(pkt)
         try:
-            if struct.unpack("!H", s.recv(4096)[:2])[0] == qid:
+            msg = s.recv(4096)
+            if struct.unpack("!H", msg[:2])[0] == qid:
                 answered += 1
+                rcode = str(msg[3] & 0xF)
+                rcodes[rcode] = rcodes.get(rcode, 0) + 1
         except socket.timeout:
             pass
-    return {"answered": answered}
+    return {"answered": answered, "rcodes": rcodes}
 
 
 def urllib_get(url, cafile, proxy):

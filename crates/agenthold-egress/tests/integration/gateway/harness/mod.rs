@@ -16,7 +16,12 @@
 //! server for that name and port. Such names have no `TestDns` record, so a dial that missed the override
 //! would fail to resolve rather than leave the machine. Sandboxes aim forged names at [`PUBLIC`] or
 //! [`BLOCKED_ORIG`]; their packets never leave: nftables hands them to the gateway.
+//!
+//! With [`Setup::host_namespace`] the gateway, `TestDns` and the loopback upstreams run in a namespace of
+//! the test's own that stands for the host (see `host.rs`): tests that make the gateway dial the host itself
+//! or public-looking addresses use it, so that even a wrong dial stays inside the test's namespaces.
 
+mod host;
 mod sandbox;
 mod upstreams;
 
@@ -35,6 +40,7 @@ use agenthold_egress::nft::{self, GatewayRules, Ports};
 use agenthold_egress::{AgentSockets, Dangerous, Gateway, Limits, Timeouts};
 use agenthold_testsupport::{EchoServer, TestAgent, TestCa, TestDns, TestNet, init_tracing, require_root};
 
+pub(crate) use host::{HostNs, IFACE as HOST_IFACE, OWN_V4, OWN_V6, OWN_V6_NEIGHBOUR};
 pub(crate) use upstreams::{BANNER, Canary, Web};
 use upstreams::{Stalled, TcpUpstream, closed_loopback_port};
 
@@ -60,6 +66,8 @@ pub(crate) struct Setup {
     log_keep: Option<usize>,
     also: Vec<(&'static str, u16, bool)>,
     limits: Option<Limits>,
+    egress: Option<fn(&mut EgressConfig)>,
+    host_namespace: bool,
 }
 
 impl Setup {
@@ -77,6 +85,8 @@ impl Setup {
             log_keep: None,
             also: Vec::new(),
             limits: None,
+            egress: None,
+            host_namespace: false,
         }
     }
 
@@ -145,6 +155,18 @@ impl Setup {
         self.log_keep = Some(keep);
         self
     }
+
+    /// Change the `egress` configuration the gateway is built from (`Gateway::builder().config`).
+    pub(crate) fn egress(mut self, change: fn(&mut EgressConfig)) -> Self {
+        self.egress = Some(change);
+        self
+    }
+
+    /// Run the gateway (and `TestDns`, the upstreams) in a namespace standing for the host (see `host.rs`).
+    pub(crate) fn host_namespace(mut self) -> Self {
+        self.host_namespace = true;
+        self
+    }
 }
 
 /// An allowlist policy.
@@ -164,6 +186,8 @@ pub(crate) struct Harness {
     _stalled: Vec<Stalled>,
     ids: Vec<AgentId>,
     dir: Scratch,
+    /// Last: dropped after everything that runs on its runtime.
+    host: Option<HostNs>,
 }
 
 /// A scratch directory (the CA file, each sandbox's resolv.conf), removed when dropped, also on a panic.
@@ -179,6 +203,17 @@ impl Harness {
     pub(crate) async fn start(setup: Setup) -> Self {
         require_root();
         init_tracing();
+        if !setup.host_namespace {
+            return Self::start_here(setup).await;
+        }
+        let host = HostNs::create();
+        let mut h = host.runtime().spawn(Self::start_here(setup)).await.unwrap();
+        h.host = Some(host);
+        h
+    }
+
+    /// Everything but the host namespace, on the current runtime.
+    async fn start_here(setup: Setup) -> Self {
         let dns = TestDns::start(setup.records.clone(), 30).await;
         let ca = Arc::new(TestCa::new());
         let mut connect_to = Vec::new();
@@ -213,10 +248,13 @@ impl Harness {
 
         // The configuration's defaults (ports, log size, timeouts) are what the gateway runs with, except
         // where a test says otherwise.
-        let config = EgressConfig {
+        let mut config = EgressConfig {
             dns_upstream: dns.addr().to_string(),
             ..EgressConfig::default()
         };
+        if let Some(change) = setup.egress {
+            change(&mut config);
+        }
         let policy = Arc::new(PolicyTable::new());
         let mut builder = Gateway::builder()
             .policy(Arc::clone(&policy) as _)
@@ -294,6 +332,25 @@ impl Harness {
             _stalled: stalled,
             ids,
             dir,
+            host: None,
+        }
+    }
+
+    /// The namespace standing for the host (with [`Setup::host_namespace`]).
+    pub(crate) fn host_ns(&self) -> &HostNs {
+        self.host.as_ref().expect("Setup::host_namespace")
+    }
+
+    /// Run `f` where the gateway runs: on the host namespace's runtime when there is one (sockets it opens
+    /// are the host's), else here.
+    pub(crate) async fn on_host<F>(&self, f: F) -> F::Output
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match &self.host {
+            Some(host) => host.runtime().spawn(f).await.unwrap(),
+            None => f.await,
         }
     }
 
@@ -306,8 +363,13 @@ impl Harness {
     /// Stop the gateway, remove the namespaces and the files, and assert nothing is left.
     pub(crate) async fn close(self) {
         self.gateway.shutdown(Duration::from_secs(2)).await;
-        let Self { net, .. } = self;
+        let Self { net, host, .. } = self;
         net.close();
+        if let Some(host) = host {
+            let ns = host.ns.clone();
+            drop(host);
+            assert!(!ns.exists(), "namespace {ns} still exists after close");
+        }
     }
 
     pub(crate) fn id(&self, i: usize) -> &AgentId {

@@ -80,7 +80,20 @@ pub(crate) struct Canary {
 
 impl Canary {
     pub(crate) async fn start() -> Self {
-        let listener = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).await.unwrap();
+        Self::listen(TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).await.unwrap())
+    }
+
+    /// On `[::]:PORT`, dual-stack: catches dials to every IPv4 and IPv6 address of the namespace (for the
+    /// host namespace of the harness, which has IPv6).
+    pub(crate) async fn start_dual() -> Self {
+        Self::listen(
+            TcpListener::bind((std::net::Ipv6Addr::UNSPECIFIED, 0))
+                .await
+                .unwrap(),
+        )
+    }
+
+    fn listen(listener: TcpListener) -> Self {
         let port = listener.local_addr().unwrap().port();
         let accepted = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&accepted);
