@@ -1,7 +1,7 @@
 //! What calls return: [`ExecResult`], [`LogEntry`], and [`Value`], the GIL-free result of an operation that
 //! becomes a Python object once the caller holds the GIL again.
 
-use agenthold_egress::log::{Decision, LogKind};
+use agenthold_egress::log::{Decision, LogKind, Phase};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -90,6 +90,9 @@ pub(crate) struct LogEntry {
     /// Bytes from the upstream towards the sandbox.
     #[pyo3(get)]
     bytes_down: u64,
+    /// For long-lived connections, `"open"` (written when it opened) or `"closed"`; `None` otherwise.
+    #[pyo3(get)]
+    phase: Option<&'static str>,
 }
 
 impl From<agenthold_egress::log::LogEntry> for LogEntry {
@@ -118,6 +121,10 @@ impl From<agenthold_egress::log::LogEntry> for LogEntry {
             secret: e.secret,
             bytes_up: e.bytes_up,
             bytes_down: e.bytes_down,
+            phase: e.phase.map(|p| match p {
+                Phase::Open => "open",
+                Phase::Closed => "closed",
+            }),
         }
     }
 }
@@ -141,6 +148,7 @@ impl LogEntry {
         d.set_item("secret", &self.secret)?;
         d.set_item("bytes_up", self.bytes_up)?;
         d.set_item("bytes_down", self.bytes_down)?;
+        d.set_item("phase", self.phase)?;
         Ok(d)
     }
 

@@ -75,7 +75,8 @@ class Upstream:
                 }
                 with upstream._lock:
                     upstream.requests.append(rec)
-                out = json.dumps({"upstream": "upstream-ok", "path": self.path}).encode()
+                # The request comes back whole, as an echo API would send it (E19: the gateway scrubs it).
+                out = json.dumps({"upstream": "upstream-ok", "path": self.path, "headers": rec["headers"]}).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(out)))

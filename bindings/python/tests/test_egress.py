@@ -62,7 +62,9 @@ def test_unlisted_names_get_nxdomain_and_never_reach_upstream_dns(make_sandbox: 
 
 
 def test_placeholder_inside_value_injected_upstream(make_sandbox: Make, upstream: Upstream) -> None:
-    sb = make_sandbox(policy=agenthold.Policy.allowlist([API, OTHER]), secrets=[api_secret()])
+    secret = agenthold.Secret("api", SECRET_VALUE, env="API_KEY", hosts=[API], header="Authorization",
+                              template="Bearer {{.Value}}", also_in={"headers": ["x-echo"]})
+    sb = make_sandbox(policy=agenthold.Policy.allowlist([API, OTHER]), secrets=[secret])
     shown = sb.exec(["sh", "-c", "echo $API_KEY; env; cat /proc/1/environ | tr '\\0' '\\n'"])
     out = shown.stdout.decode()
     assert SECRET_VALUE not in out and SECRET_VALUE not in shown.stderr.decode()
@@ -78,7 +80,13 @@ def test_placeholder_inside_value_injected_upstream(make_sandbox: Make, upstream
     headers = seen["headers"]
     assert isinstance(headers, dict)
     assert headers["authorization"] == f"Bearer {SECRET_VALUE}"
-    assert headers["x-echo"] == f"key={SECRET_VALUE}"  # the placeholder is replaced in headers too
+    assert headers["x-echo"] == f"key={SECRET_VALUE}"  # also_in names this header
+    # Anywhere else the rule does not name, the placeholder is a leak attempt: refused, never sent.
+    refused = f"/misplaced-{uuid.uuid4().hex}"
+    r = sb.exec(curl(f"https://{API}{refused}", "-o", "/dev/null", "-w", "%{http_code}",
+                     "-H", f"anthropic-beta: {placeholder}"))
+    assert r.stdout == b"403", r.stderr
+    assert not upstream.seen(refused)
     # Through the explicit proxy as well.
     path2 = path + "-proxy"
     sb.exec(curl(f"https://{API}{path2}", "-o", "/dev/null", proxy=True))
@@ -96,6 +104,18 @@ def test_placeholder_inside_value_injected_upstream(make_sandbox: Make, upstream
     assert injected and injected[0].secret_injected and injected[0].secret == "api"
     assert not any(e.secret_injected for e in log if e.path == path3)
     assert SECRET_VALUE not in repr([e.to_dict() for e in log])
+
+
+def test_answers_never_carry_the_value(make_sandbox: Make, upstream: Upstream) -> None:
+    """E19: the upstream echoes the injected header; the sandbox reads the placeholder in its place."""
+    sb = make_sandbox(policy=agenthold.Policy.allowlist([API]), secrets=[api_secret()])
+    path = f"/echo-{uuid.uuid4().hex}"
+    r = sb.exec(["sh", "-c", " ".join(curl(f"https://{API}{path}")) + "; echo; echo $API_KEY"])
+    answer, placeholder = r.stdout.decode().splitlines()[:2]
+    assert SECRET_VALUE not in r.stdout.decode()
+    # The rendered header value ("Bearer …") is one of the forms: replaced whole by the placeholder.
+    assert json.loads(answer)["headers"]["authorization"] == placeholder
+    assert upstream.seen(path)[0]["headers"]["authorization"] == f"Bearer {SECRET_VALUE}"  # type: ignore[index]
 
 
 def test_no_injection_over_plain_http(make_sandbox: Make, upstream: Upstream) -> None:

@@ -156,6 +156,10 @@ class LogEntry:
     @property
     def bytes_down(self) -> int:
         """Bytes from the upstream towards the sandbox."""
+    @property
+    def phase(self) -> Optional[Literal["open", "closed"]]:
+        """For long-lived connections: ``"open"`` (written when it opened) or ``"closed"`` (with its bytes);
+        ``None`` for one-shot entries."""
     def to_dict(self) -> Dict[str, Any]:
         """The entry as a dict with the JSON line's keys."""
 
