@@ -5,47 +5,35 @@
 
 use std::sync::Arc;
 
-use agenthold_core::AgentId;
 use agenthold_core::policy::{DenyReason, Verdict};
 use bytes::BytesMut;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::budget::AgentBudget;
 use crate::flow::{Aim, Dialled, Flow};
-use crate::gateway::{Shared, Target};
+use crate::gateway::Target;
 use crate::http::{ConnCtx, Mode, Proto, check_policy, empty, parse_target, refuse};
 use crate::io::Tracked;
 use crate::log::{LogEntry, LogKind};
 use crate::sniff::split_host_port;
-use crate::transparent::accept_loop;
+use crate::transparent::Listener;
 use crate::upstream::ProxyBody;
 
 /// Serve one agent's explicit-proxy listener.
-pub(crate) async fn serve(
-    gw: Arc<Shared>,
-    agent: AgentId,
-    budget: Arc<AgentBudget>,
-    listener: TcpListener,
-    cancel: CancellationToken,
-) {
-    let token = cancel.clone();
-    let shared = Arc::clone(&gw);
-    let agent_budget = Arc::clone(&budget);
-    accept_loop(gw, budget, listener, cancel, move |stream, permit| {
+pub(crate) async fn serve(on: Listener, listener: TcpListener) {
+    on.accept(listener, |on, stream, permit| {
         let ctx = Arc::new(ConnCtx {
-            gw: Arc::clone(&shared),
-            agent: agent.clone(),
-            budget: Arc::clone(&agent_budget),
+            gw: Arc::clone(&on.gw),
+            agent: on.agent.clone(),
+            budget: Arc::clone(&on.budget),
             permit: std::sync::Mutex::new(Some(permit)),
             mode: Mode::Explicit,
-            cancel: token.clone(),
+            cancel: on.cancel.clone(),
         });
-        let span = tracing::debug_span!("explicit", agent = %agent);
+        let span = tracing::debug_span!("explicit", agent = %on.agent);
         crate::http::serve(ctx, stream, Proto::Http1).instrument(span)
     })
     .await;

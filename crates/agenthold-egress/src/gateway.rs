@@ -525,29 +525,23 @@ impl Gateway {
             }
             budget
         };
+        let on = crate::transparent::Listener {
+            gw: Arc::clone(&self.shared),
+            agent: agent.clone(),
+            budget,
+            cancel: token.clone(),
+        };
         let tcp = |l: std::net::TcpListener| -> Result<tokio::net::TcpListener> {
             l.set_nonblocking(true).map_err(|e| Error::io("listener", e))?;
             tokio::net::TcpListener::from_std(l).map_err(|e| Error::io("listener", e))
         };
         if let Some(l) = sockets.transparent {
             let l = tcp(l)?;
-            self.tasks.spawn(crate::transparent::serve(
-                Arc::clone(&self.shared),
-                agent.clone(),
-                Arc::clone(&budget),
-                l,
-                token.clone(),
-            ));
+            self.tasks.spawn(crate::transparent::serve(on.clone(), l));
         }
         if let Some(l) = sockets.explicit {
             let l = tcp(l)?;
-            self.tasks.spawn(crate::explicit::serve(
-                Arc::clone(&self.shared),
-                agent.clone(),
-                Arc::clone(&budget),
-                l,
-                token.clone(),
-            ));
+            self.tasks.spawn(crate::explicit::serve(on, l));
         }
         if let Some((udp, tcp_listener)) = sockets.dns {
             let server = dns::Server::new(dns::ServerContext {

@@ -20,70 +20,60 @@ use crate::budget::{AgentBudget, ConnPermit};
 use crate::flow::{Aim, Flow};
 use crate::gateway::Shared;
 
-/// Accept loop of one agent's listener: each connection takes a permit of the agent's connection budget
-/// (refused ones are closed at once) and runs `handle` until it ends or `cancel` fires.
-pub(crate) async fn accept_loop<F, Fut>(
-    gw: Arc<Shared>,
-    budget: Arc<AgentBudget>,
-    listener: TcpListener,
-    cancel: CancellationToken,
-    handle: F,
-) where
-    F: Fn(TcpStream, ConnPermit) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    loop {
-        let accepted = tokio::select! {
-            () = cancel.cancelled() => return,
-            a = listener.accept() => a,
-        };
-        let stream = match accepted {
-            Ok((s, _)) => s,
-            Err(e) => {
-                // EMFILE and friends: back off instead of spinning.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+/// One agent's listener: what every connection accepted on it is served with.
+#[derive(Clone)]
+pub(crate) struct Listener {
+    pub(crate) gw: Arc<Shared>,
+    pub(crate) agent: AgentId,
+    pub(crate) budget: Arc<AgentBudget>,
+    /// Fires when the agent is detached or the gateway shuts down.
+    pub(crate) cancel: CancellationToken,
+}
+
+impl Listener {
+    /// Accept connections on `listener`: each takes a permit of the agent's connection budget (refused ones
+    /// are closed at once) and runs `handle` until it ends or the agent is detached.
+    pub(crate) async fn accept<F, Fut>(self, listener: TcpListener, handle: F)
+    where
+        F: Fn(&Self, TcpStream, ConnPermit) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        loop {
+            let accepted = tokio::select! {
+                () = self.cancel.cancelled() => return,
+                a = listener.accept() => a,
+            };
+            let stream = match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Some(permit) = self.gw.budget.connection(&self.budget) else {
+                // Counted in the budget's refusals; the connection is closed unread.
                 continue;
-            }
-        };
-        let Some(permit) = gw.budget.connection(&budget) else {
-            // Counted in the budget's refusals; the connection is closed unread.
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let conn = handle(stream, permit);
-        let cancel = cancel.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = conn => {},
-                () = cancel.cancelled() => {},
-            }
-        });
+            };
+            let _ = stream.set_nodelay(true);
+            let conn = handle(&self, stream, permit);
+            let cancel = self.cancel.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = conn => {},
+                    () = cancel.cancelled() => {},
+                }
+            });
+        }
     }
 }
 
 /// Serve one agent's transparent listener.
-pub(crate) async fn serve(
-    gw: Arc<Shared>,
-    agent: AgentId,
-    budget: Arc<AgentBudget>,
-    listener: TcpListener,
-    cancel: CancellationToken,
-) {
-    let token = cancel.clone();
-    let shared = Arc::clone(&gw);
-    let agent_budget = Arc::clone(&budget);
-    accept_loop(gw, budget, listener, cancel, move |stream, permit| {
-        let span = tracing::debug_span!("transparent", agent = %agent);
-        handle(
-            Arc::clone(&shared),
-            agent.clone(),
-            Arc::clone(&agent_budget),
-            stream,
-            permit,
-            token.clone(),
-        )
-        .instrument(span)
+pub(crate) async fn serve(on: Listener, listener: TcpListener) {
+    on.accept(listener, |on, stream, permit| {
+        let span = tracing::debug_span!("transparent", agent = %on.agent);
+        handle(on.clone(), stream, permit).instrument(span)
     })
     .await;
 }
@@ -100,26 +90,19 @@ fn original_dst(stream: &TcpStream) -> std::io::Result<SocketAddr> {
     })
 }
 
-async fn handle(
-    gw: Arc<Shared>,
-    agent: AgentId,
-    budget: Arc<AgentBudget>,
-    stream: TcpStream,
-    permit: ConnPermit,
-    cancel: CancellationToken,
-) {
+async fn handle(on: Listener, stream: TcpStream, permit: ConnPermit) {
     let orig = match original_dst(&stream) {
         Ok(a) => a,
         Err(e) => {
-            tracing::debug!(agent = %agent, error = %e, "no original destination; dropping");
+            tracing::debug!(agent = %on.agent, error = %e, "no original destination; dropping");
             return;
         }
     };
     let flow = Flow {
-        gw,
-        agent,
-        budget,
-        cancel,
+        gw: on.gw,
+        agent: on.agent,
+        budget: on.budget,
+        cancel: on.cancel,
         aim: Aim::Orig(orig),
         port: orig.port(),
         permit: Some(permit),
