@@ -157,7 +157,14 @@ impl Env {
 /// The `agenthold` binary with a clean environment: no sudo variables (tests that simulate sudo set
 /// them), no proxy variables, warnings only.
 pub(crate) fn agenthold() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agenthold"));
+    clean(Command::new(AGENTHOLD))
+}
+
+/// The `agenthold` binary under test.
+pub(crate) const AGENTHOLD: &str = env!("CARGO_BIN_EXE_agenthold");
+
+/// `cmd` with the environment of [`agenthold`]: for a wrapper that ends up executing agenthold.
+pub(crate) fn clean(mut cmd: Command) -> Command {
     for var in [
         "SUDO_UID",
         "SUDO_GID",
@@ -221,25 +228,37 @@ impl Run<'_> {
         self
     }
 
-    /// The whole command line, `-- command…` last.
-    pub(crate) fn command(&self, command: &[&str]) -> Command {
+    /// The arguments of `agenthold` (from `run` on), `-- command…` last.
+    pub(crate) fn args(&self, command: &[&str]) -> Vec<OsString> {
         let env = self.env;
         let https = env.https.addr();
         let http = env.http.addr();
-        let mut cmd = agenthold();
-        cmd.arg("run")
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .arg("--dns-upstream")
-            .arg(env.dns.addr().to_string())
-            .arg("--dangerous-upstream-ca")
-            .arg(&env.ca);
+        let mut args: Vec<OsString> = vec![
+            "run".into(),
+            "--data-dir".into(),
+            self.data_dir.clone().into(),
+            "--dns-upstream".into(),
+            env.dns.addr().to_string().into(),
+            "--dangerous-upstream-ca".into(),
+            env.ca.clone().into(),
+        ];
         for name in [API, OTHER] {
-            cmd.arg("--dangerous-connect-to")
-                .arg(format!("{name}:443={https}"));
-            cmd.arg("--dangerous-connect-to").arg(format!("{name}:80={http}"));
+            args.push("--dangerous-connect-to".into());
+            args.push(format!("{name}:443={https}").into());
+            args.push("--dangerous-connect-to".into());
+            args.push(format!("{name}:80={http}").into());
         }
-        cmd.args(&self.flags).arg("--").args(command);
+        args.extend(self.flags.iter().cloned());
+        args.push("--".into());
+        args.extend(command.iter().map(OsString::from));
+        args
+    }
+
+    /// The whole command line, `-- command…` last, started in the test's directory (the command's
+    /// working directory, writable in the jail: not the crate's source tree).
+    pub(crate) fn command(&self, command: &[&str]) -> Command {
+        let mut cmd = agenthold();
+        cmd.args(self.args(command)).current_dir(self.env.dir.path());
         for (key, value) in &self.vars {
             cmd.env(key, value);
         }

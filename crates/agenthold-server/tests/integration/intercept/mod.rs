@@ -281,6 +281,8 @@ impl Jailed<'_> {
                 .arg(format!("{name}:{port}={addr}"));
         }
         cmd.args(&self.flags).arg("--").args(command);
+        // In the test's directory, with the clients' scripts (not in the crate's source tree).
+        cmd.current_dir(env.dir.path());
         for (key, value) in &self.vars {
             cmd.env(key, value);
         }
