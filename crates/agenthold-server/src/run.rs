@@ -304,11 +304,13 @@ async fn prepare(args: &RunArgs, plan: Plan) -> Result<Prepared> {
     })
 }
 
-/// SIGINT, SIGTERM and SIGHUP, caught for the whole run.
+/// SIGINT, SIGTERM, SIGHUP and SIGQUIT, caught for the whole run (so that agenthold always cleans up
+/// and gives the caller's terminal its modes back).
 struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -317,6 +319,7 @@ impl Signals {
             int: signal(SignalKind::interrupt()).context("catch SIGINT")?,
             term: signal(SignalKind::terminate()).context("catch SIGTERM")?,
             hup: signal(SignalKind::hangup()).context("catch SIGHUP")?,
+            quit: signal(SignalKind::quit()).context("catch SIGQUIT")?,
         })
     }
 
@@ -326,6 +329,7 @@ impl Signals {
             _ = self.int.recv() => Signal::SIGINT,
             _ = self.term.recv() => Signal::SIGTERM,
             _ = self.hup.recv() => Signal::SIGHUP,
+            _ = self.quit.recv() => Signal::SIGQUIT,
         }
     }
 }
@@ -355,7 +359,8 @@ fn write_ca_bundle(dir: &Path, ca: &CertificateAuthority) -> Result<PathBuf> {
 /// Where Debian-family systems keep the trust store the jail replaces with the bundle.
 pub(crate) const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
-/// Run `command` in the jail with `env` added; forward SIGINT, SIGTERM and SIGHUP to it.
+/// Run `command` in the jail with `env` added; forward SIGINT, SIGTERM, SIGHUP and SIGQUIT to it. When
+/// stdin is a terminal, it goes into raw mode for the jail's relayed pty until the jail ends.
 async fn run_jailed(prepared: &Prepared, command: &[String], signals: &mut Signals) -> Result<ExitStatus> {
     let exe = std::env::current_exe().context("find the agenthold executable")?;
     let mut cmd = tokio::process::Command::new(exe);
@@ -386,6 +391,12 @@ async fn run_jailed(prepared: &Prepared, command: &[String], signals: &mut Signa
         if key != "AGENTHOLD_MASTER_KEY" && !carries_secret {
             cmd.env(key, value);
         }
+    }
+    // Raw mode from here until this function returns (also through `?`): the jail's pty does the line
+    // discipline.
+    let terminal = crate::jail::RawTerminal::enter();
+    if terminal.is_some() {
+        cmd.arg("--tty");
     }
     cmd.arg("--").args(command).envs(&prepared.env).kill_on_drop(true);
     let mut child = cmd.spawn().context("start the jailed command")?;

@@ -178,9 +178,10 @@ pub(super) fn read_only_dir(dir: &Path, cwd: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
-/// Replace `/dev` with a tmpfs holding only the usual devices (bound from the host's), `pts`, `shm` and the
-/// standard links. The host's `/dev` holds root-owned block devices a capability-less root could still open
-/// by their permissions, which would bypass every read-only mount and hidden path.
+/// Replace `/dev` with a tmpfs holding only the usual devices (bound from the host's), a `pts` of its own
+/// (a new devpts instance: the host's terminals are not there, the jail's pty is), `shm` and the standard
+/// links. The host's `/dev` holds root-owned block devices a capability-less root could still open by
+/// their permissions, which would bypass every read-only mount and hidden path.
 pub(super) fn minimal_dev() -> Result<()> {
     let staging = Path::new("/run/agenthold/dev");
     std::fs::create_dir_all(staging).context("create the jail's /dev")?;
@@ -193,13 +194,24 @@ pub(super) fn minimal_dev() -> Result<()> {
             bind(&host, &target, MsFlags::empty())?;
         }
     }
-    for (dir, source) in [("pts", Some("/dev/pts")), ("shm", None), ("mqueue", None)] {
+    let pts = staging.join("pts");
+    std::fs::create_dir_all(&pts).with_context(|| format!("create {}", pts.display()))?;
+    let mut options = String::from("newinstance,ptmxmode=0666,mode=0620");
+    if let Some(group) = nix::unistd::Group::from_name("tty").ok().flatten() {
+        options += &format!(",gid={}", group.gid);
+    }
+    mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some(options.as_str()),
+    )
+    .context("mount the jail's devpts")?;
+    for dir in ["shm", "mqueue"] {
         let target = staging.join(dir);
         std::fs::create_dir_all(&target).with_context(|| format!("create {}", target.display()))?;
-        match source {
-            Some(host) if Path::new(host).exists() => bind(Path::new(host), &target, MsFlags::empty())?,
-            _ => tmpfs(&target, "mode=1777,size=64m")?,
-        }
+        tmpfs(&target, "mode=1777,size=64m")?;
     }
     for (link, to) in [
         ("fd", "/proc/self/fd"),

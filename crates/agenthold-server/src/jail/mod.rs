@@ -1,13 +1,15 @@
 //! The jail `agenthold run` puts a command in. Two re-executions of `agenthold`, so that all of it stays in
 //! safe Rust (no `pre_exec` closure) and in short, linear functions:
 //!
-//! 1. `agenthold __jail …` enters the sandbox network namespace, makes its own mount and PID namespaces,
-//!    hides host sockets under `/run`, puts the gateway's resolv.conf and the CA bundle in place, starts
-//!    stage 2 and forwards signals to it.
+//! 1. `agenthold __jail …` enters the sandbox network namespace, makes its own mount namespace, hides
+//!    host sockets under `/run`, puts the gateway's resolv.conf and the CA bundle in place, opens a pty of
+//!    the jail's own when the caller's stdin is a terminal and relays it ([`tty`]), then makes a PID
+//!    namespace, starts stage 2 in it and forwards signals to it.
 //! 2. `agenthold __jail-init …` is PID 1 of the new PID namespace: it mounts a `/proc` that shows only the
 //!    jail (kernel settings read-only), drops every capability (bounding set included), becomes the sudo
 //!    caller when there is one (otherwise it stays uid 0 without any capability), sets
-//!    `no_new_privs`, starts the command, forwards signals to it, reaps orphans, and exits with the
+//!    `no_new_privs`, starts the command in a session of its own (its controlling terminal, if any, is
+//!    the jail's pty: never the caller's, R1), forwards signals to it, reaps orphans, and exits with the
 //!    command's status. When PID 1 exits the kernel kills everything left in the namespace, so nothing the
 //!    command started in the background outlives the run.
 //!
@@ -16,8 +18,9 @@
 //! resolv.conf bind (CAP_SYS_ADMIN), regain capabilities through setuid binaries (`no_new_privs`), change
 //! kernel settings (`/proc/sys` read-only), plant files in system directories (read-only, see
 //! [`READ_ONLY`]), read agenthold's data directory (CA and master keys) or the secrets file (hidden), see or
-//! signal host processes (own PID namespace), or talk to host daemons through their Unix sockets under
-//! `/run` (hidden by a fresh tmpfs: a root caller could otherwise ask dockerd for a privileged container).
+//! signal host processes (own PID namespace), push keystrokes into the caller's terminal (own session), or
+//! talk to host daemons through their Unix sockets under `/run` (hidden by a fresh tmpfs: a root caller
+//! could otherwise ask dockerd for a privileged container).
 //!
 //! Known limit: started by root without sudo, the command is uid 0 without capabilities, so it can still
 //! write root-owned files outside the read-only directories (in `/tmp`, `/home`, the working directory).
@@ -26,13 +29,17 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
 mod fs;
+mod tty;
+
+pub(crate) use tty::RawTerminal;
 
 use fs::{PROC_READ_ONLY, READ_ONLY, bind_read_only, hide, hide_run, minimal_dev, read_only_dir};
 use nix::mount::{MsFlags, mount};
@@ -67,6 +74,12 @@ pub(crate) struct JailArgs {
     /// Run with this group id.
     #[arg(long)]
     gid: Option<u32>,
+    /// Stage 1: give the command a pty of the jail's own and relay it to this process's terminal.
+    #[arg(long)]
+    tty: bool,
+    /// Stage 2: the jail's pty to make the command's controlling terminal.
+    #[arg(long)]
+    tty_path: Option<PathBuf>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<OsString>,
@@ -81,18 +94,24 @@ fn forwarded() -> SigSet {
     set
 }
 
-/// Forward every signal of [`forwarded`] to the process whose pid is later stored in the returned cell,
-/// from a thread (the signals are blocked in this process, so they queue for `sigwait` instead of killing
-/// it). The thread is started before any `unshare(CLONE_NEWPID)`: afterwards a process may not create
-/// threads. Signals that arrive before the target is known are dropped (agenthold is still setting up).
-fn forward_signals() -> Result<Arc<AtomicI32>> {
+/// Forward every signal of `set` but SIGWINCH to the process whose pid is later stored in the returned
+/// cell, from a thread (the signals are blocked in this process, so they queue for `sigwait` instead of
+/// killing it); SIGWINCH copies the caller's window size to the jail's pty. The thread is started before
+/// any `unshare(CLONE_NEWPID)`: afterwards a process may not create threads. Signals that arrive before
+/// the target is known are dropped (agenthold is still setting up).
+fn forward_signals(set: SigSet, resizer: Option<tty::Resizer>) -> Result<Arc<AtomicI32>> {
     let target = Arc::new(AtomicI32::new(0));
     let cell = Arc::clone(&target);
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            let set = forwarded();
             while let Ok(signal) = set.wait() {
+                if signal == Signal::SIGWINCH {
+                    if let Some(resizer) = &resizer {
+                        resizer.follow_window_size();
+                    }
+                    continue;
+                }
                 let pid = cell.load(Ordering::SeqCst);
                 if pid > 0 {
                     let _ = kill(Pid::from_raw(pid), signal);
@@ -116,12 +135,15 @@ fn exit_code(status: WaitStatus) -> Option<i32> {
 pub(crate) fn stage_one(args: &JailArgs) -> Result<i32> {
     // Die with agenthold: if it is killed, nothing must keep running in the sandbox namespace.
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).context("set parent-death signal")?;
-    forwarded().thread_block().context("block signals")?;
-    let target = forward_signals()?;
+    let mut signals = forwarded();
+    if args.tty {
+        signals.add(Signal::SIGWINCH);
+    }
+    signals.thread_block().context("block signals")?;
     let ns = File::open(&args.netns).with_context(|| format!("open {}", args.netns.display()))?;
     setns(&ns, CloneFlags::CLONE_NEWNET).context("enter the sandbox network namespace")?;
     drop(ns);
-    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWPID).context("create mount and PID namespaces")?;
+    unshare(CloneFlags::CLONE_NEWNS).context("create a mount namespace")?;
     // Keep our mounts from propagating back to the host's mount namespace.
     mount(
         None::<&str>,
@@ -151,6 +173,40 @@ pub(crate) fn stage_one(args: &JailArgs) -> Result<i32> {
     for dir in READ_ONLY {
         read_only_dir(Path::new(dir), cwd.as_deref())?;
     }
+    // The jail's own devpts is at /dev/pts now.
+    let pty = if args.tty {
+        Some(tty::Pty::open(
+            Path::new("/dev/pts/ptmx"),
+            args.uid.zip(args.gid),
+        )?)
+    } else {
+        None
+    };
+    let relay = pty.as_ref().map(tty::Pty::relay).transpose()?;
+    let target = forward_signals(signals, pty.as_ref().map(tty::Pty::resizer))?;
+    unshare(CloneFlags::CLONE_NEWPID).context("create a PID namespace")?;
+    let mut child = init_command(args, pty)?
+        .spawn()
+        .context("start the jail's init")?;
+    target.store(
+        i32::try_from(child.id()).context("pid out of range")?,
+        Ordering::SeqCst,
+    );
+    let status = child.wait().context("wait for the jail's init")?;
+    if let Some(relay) = relay {
+        // The jail is gone with its init, and every slave with it: the rest of the output follows.
+        let _ = relay.recv_timeout(Duration::from_secs(2));
+    }
+    use std::os::unix::process::ExitStatusExt;
+    Ok(status
+        .code()
+        .or_else(|| status.signal().map(|s| 128 + s))
+        .unwrap_or(1))
+}
+
+/// The command line of stage 2. With a pty, its stdin (and stdout and stderr where those are terminals)
+/// is the pty's slave: the caller's terminal never enters the jail.
+fn init_command(args: &JailArgs, pty: Option<tty::Pty>) -> Result<Command> {
     let exe = std::env::current_exe().context("find the agenthold executable")?;
     let mut init = Command::new(exe);
     init.arg("__jail-init")
@@ -164,18 +220,21 @@ pub(crate) fn stage_one(args: &JailArgs) -> Result<i32> {
     if let Some(gid) = args.gid {
         init.arg("--gid").arg(gid.to_string());
     }
+    if let Some(pty) = pty {
+        init.arg("--tty-path").arg(&pty.path);
+        let terminal = |is_tty: bool| -> Result<Stdio> {
+            Ok(if is_tty {
+                Stdio::from(pty.slave.try_clone().context("duplicate the pty")?)
+            } else {
+                Stdio::inherit()
+            })
+        };
+        init.stdout(terminal(rustix::termios::isatty(std::io::stdout()))?)
+            .stderr(terminal(rustix::termios::isatty(std::io::stderr()))?)
+            .stdin(Stdio::from(pty.slave));
+    }
     init.arg("--").args(&args.command);
-    let mut child = init.spawn().context("start the jail's init")?;
-    target.store(
-        i32::try_from(child.id()).context("pid out of range")?,
-        Ordering::SeqCst,
-    );
-    let status = child.wait().context("wait for the jail's init")?;
-    use std::os::unix::process::ExitStatusExt;
-    Ok(status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(1))
+    Ok(init)
 }
 
 /// Stage 2: PID 1 of the jail. Drops privileges, runs the command, reaps, returns the command's code.
@@ -183,7 +242,7 @@ pub(crate) fn stage_two(args: &JailArgs) -> Result<i32> {
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).context("set parent-death signal")?;
     // Queue the forwarded signals for the forwarding thread (std started us with an empty mask).
     forwarded().thread_block().context("block signals")?;
-    let target = forward_signals()?;
+    let target = forward_signals(forwarded(), None)?;
     // A /proc for this PID namespace: the command sees its own processes, not the host's.
     mount(
         Some("proc"),
@@ -211,7 +270,7 @@ pub(crate) fn stage_two(args: &JailArgs) -> Result<i32> {
     }
     clear_capabilities()?;
     nix::sys::prctl::set_no_new_privs().context("set no_new_privs")?;
-    let pid = match spawn_unmasked(&args.command) {
+    let pid = match spawn_command(&args.command, args.tty_path.as_deref()) {
         Ok(pid) => pid,
         Err(e) => {
             eprintln!(
@@ -236,14 +295,17 @@ pub(crate) fn stage_two(args: &JailArgs) -> Result<i32> {
     }
 }
 
-/// Start `argv` (looked up in `PATH`) with this process's environment, an empty signal mask and default
-/// SIGPIPE. `std::process::Command` would pass on the mask this process blocks for its forwarding thread,
-/// and the command would then ignore SIGTERM.
-fn spawn_unmasked(argv: &[OsString]) -> std::result::Result<Pid, nix::errno::Errno> {
+/// Start `argv` (looked up in `PATH`) with this process's environment, an empty signal mask, default
+/// SIGPIPE, in a new session (`POSIX_SPAWN_SETSID`). With `tty`, stdin is opened from it after `setsid`,
+/// which makes it the new session's controlling terminal. `std::process::Command` would pass on the mask
+/// this process blocks for its forwarding thread, and the command would then ignore SIGTERM.
+fn spawn_command(argv: &[OsString], tty: Option<&Path>) -> std::result::Result<Pid, nix::errno::Errno> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
 
+    use nix::fcntl::OFlag;
     use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags, posix_spawnp};
+    use nix::sys::stat::Mode;
 
     let c = |bytes: &[u8]| CString::new(bytes).map_err(|_| nix::errno::Errno::EINVAL);
     let args = argv
@@ -259,8 +321,17 @@ fn spawn_unmasked(argv: &[OsString]) -> std::result::Result<Pid, nix::errno::Err
     let mut defaults = SigSet::empty();
     defaults.add(Signal::SIGPIPE);
     attr.set_sigdefault(&defaults)?;
-    attr.set_flags(PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF)?;
-    posix_spawnp(program, &PosixSpawnFileActions::init()?, &attr, &args, &env)
+    // glibc runs setsid() before the file actions (nix has no name for the flag yet).
+    let setsid = PosixSpawnFlags::from_bits_retain(i32::from(libc::POSIX_SPAWN_SETSID));
+    attr.set_flags(
+        PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF | setsid,
+    )?;
+    let mut actions = PosixSpawnFileActions::init()?;
+    if let Some(tty) = tty {
+        // Opened without O_NOCTTY by a session leader that has none: its controlling terminal.
+        actions.add_open(0, tty, OFlag::O_RDWR, Mode::empty())?;
+    }
+    posix_spawnp(program, &actions, &attr, &args, &env)
 }
 
 /// Empty the bounding, ambient and inheritable sets, so no later exec can gain a capability. Done while

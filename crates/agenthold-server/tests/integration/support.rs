@@ -254,6 +254,21 @@ impl Run<'_> {
         args
     }
 
+    /// `WRAPPER… agenthold run …` (e.g. `setsid -w -c`), with the environment and working directory of
+    /// [`Run::command`].
+    pub(crate) fn wrapped(&self, wrapper: &[&str], command: &[&str]) -> Command {
+        let (program, rest) = wrapper.split_first().expect("a wrapper program");
+        let mut cmd = clean(Command::new(program));
+        cmd.args(rest)
+            .arg(AGENTHOLD)
+            .args(self.args(command))
+            .current_dir(self.env.dir.path());
+        for (key, value) in &self.vars {
+            cmd.env(key, value);
+        }
+        cmd
+    }
+
     /// The whole command line, `-- command…` last, started in the test's directory (the command's
     /// working directory, writable in the jail: not the crate's source tree).
     pub(crate) fn command(&self, command: &[&str]) -> Command {

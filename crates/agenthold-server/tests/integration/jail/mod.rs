@@ -18,6 +18,19 @@ use std::path::{Path, PathBuf};
 
 use crate::support::{API, Env, PYTHON, Run, status_field};
 
+mod session;
+
+/// `out/` in the test's directory, writable by everyone (the sudo caller cannot write the test's
+/// directory itself): for files the command writes.
+fn writable_dir(env: &Env) -> PathBuf {
+    let dir = env.path("out");
+    if !dir.is_dir() {
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    dir
+}
+
 /// The uid and gid the tests give agenthold as its sudo caller (`nobody`/`nogroup` on Debian).
 const CALLER: &str = "65534";
 
