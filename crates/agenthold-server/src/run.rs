@@ -25,6 +25,8 @@ use anyhow::{Context, Result, bail};
 use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::jail::view::{self, View};
+
 /// The gateway's address on the veth pair.
 const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 2);
 /// The sandbox's address on the veth pair.
@@ -60,6 +62,10 @@ pub(crate) struct RunArgs {
     /// Secrets to inject (YAML list; see docs/secrets.md). The command sees placeholders only.
     #[arg(long, value_name = "FILE")]
     secrets: Option<PathBuf>,
+    /// Show your home directory to the command, read through a private layer: it reads your files,
+    /// its changes there are discarded when it ends. Default: an empty home of its own.
+    #[arg(long)]
+    share_home: bool,
     /// The command to run and its arguments.
     #[arg(
         trailing_var_arg = true,
@@ -103,6 +109,10 @@ struct Plan {
     config: Config,
     data_dir: PathBuf,
     dns_upstream: SocketAddr,
+    /// What the command sees (R2).
+    view: View,
+    /// The `--log` file.
+    log: Option<PathBuf>,
 }
 
 fn plan(args: &RunArgs) -> Result<Plan> {
@@ -127,14 +137,15 @@ fn plan(args: &RunArgs) -> Result<Plan> {
         }
         None => None,
     };
-    let secrets = match &args.secrets {
-        Some(path) => crate::secrets_file::load(path)?,
-        None => Vec::new(),
-    };
     let config = Config::load(None)?;
     let data_dir = match &args.data_dir {
         Some(d) => d.clone(),
         None => config.data_dir()?,
+    };
+    let view = plan_view(args, &config, &data_dir)?;
+    let secrets = match &args.secrets {
+        Some(path) => crate::secrets_file::load(path)?,
+        None => Vec::new(),
     };
     let dns_upstream = match &args.dns_upstream {
         Some(s) => parse_dns_upstream(s)?,
@@ -150,7 +161,28 @@ fn plan(args: &RunArgs) -> Result<Plan> {
         config,
         data_dir,
         dns_upstream,
+        view,
+        log: args.log.clone(),
     })
+}
+
+/// The jail's view of this run: the working directory, the homes, and what agenthold keeps to itself
+/// (the data directory, the master key file, the secrets file).
+fn plan_view(args: &RunArgs, config: &Config, data_dir: &Path) -> Result<View> {
+    let cwd = std::env::current_dir()
+        .and_then(std::fs::canonicalize)
+        .context("the working directory")?;
+    let mut hidden = vec![data_dir.to_path_buf()];
+    hidden.extend(args.secrets.clone());
+    hidden.extend(config.master_key_file().ok());
+    let inputs = view::Inputs {
+        cwd,
+        user: sudo_caller(),
+        share_home: args.share_home,
+        hidden,
+        expose: args.dangerous_upstream_ca.iter().cloned().collect(),
+    };
+    Ok(View::plan(inputs)?)
 }
 
 /// Run the command; returns its exit code (128 + signal when killed by a signal).
@@ -179,7 +211,7 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
     // setup future owns the namespaces, and dropping it deletes them).
     let mut signals = Signals::install()?;
     let prepared = tokio::select! {
-        prepared = prepare(args, plan) => prepared?,
+        prepared = prepare(plan) => prepared?,
         signal = signals.next() => return Ok(128 + signal as i32),
     };
     let status = run_jailed(&prepared, &args.command, &mut signals).await?;
@@ -187,8 +219,13 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
         net,
         gateway,
         log_writer,
+        files,
         ..
     } = prepared;
+    // The run's files (resolv.conf, CA bundle, the jail's empty mount point) are no longer needed.
+    if let Err(e) = std::fs::remove_dir_all(&files) {
+        tracing::warn!(error = %e, dir = %files.display(), "could not remove the run's files");
+    }
 
     // Let connections the command left open close and get logged, then stop.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -206,17 +243,19 @@ struct Prepared {
     net: RunNet,
     gateway: Gateway,
     log_writer: Option<tokio::task::JoinHandle<Result<()>>>,
+    /// The run's own directory (under the data directory's `run/`).
+    files: PathBuf,
     resolv: PathBuf,
     bundle: PathBuf,
     env: BTreeMap<String, String>,
-    /// Paths the command must not read.
-    hide: Vec<PathBuf>,
+    /// What the command sees.
+    view: View,
     /// The secret values, to keep them out of the command's environment.
     secret_values: Vec<Vec<u8>>,
 }
 
 /// Namespaces, rules, gateway, files and environment of one run.
-async fn prepare(args: &RunArgs, plan: Plan) -> Result<Prepared> {
+async fn prepare(plan: Plan) -> Result<Prepared> {
     remove_stale_namespaces();
     let run_dir = plan.data_dir.join("run");
     std::fs::create_dir_all(&run_dir).with_context(|| format!("create {}", run_dir.display()))?;
@@ -255,7 +294,7 @@ async fn prepare(args: &RunArgs, plan: Plan) -> Result<Prepared> {
             net.gateway.bind_tcp(bind(ports.dns))?,
         )),
     };
-    let log_writer = match &args.log {
+    let log_writer = match &plan.log {
         Some(path) => Some(spawn_log_writer(path, gateway.log().subscribe()).await?),
         None => None,
     };
@@ -287,19 +326,21 @@ async fn prepare(args: &RunArgs, plan: Plan) -> Result<Prepared> {
             env.insert(var, p.placeholder);
         }
     }
-    let mut hide = vec![plan.data_dir.clone()];
-    hide.extend(args.secrets.clone());
-    if let Ok(key) = plan.config.master_key_file() {
-        hide.push(key);
+    // The command runs as the sudo caller: its home, not root's (which sudo leaves in $HOME).
+    if let (Some(_), Some(home)) = (plan.view.user, &plan.view.home) {
+        env.insert("HOME".to_owned(), home.display().to_string());
     }
+    let staging = files.join("jail");
+    std::fs::create_dir(&staging).with_context(|| format!("create {}", staging.display()))?;
     Ok(Prepared {
         net,
         gateway,
         log_writer,
+        files,
         resolv,
         bundle,
         env,
-        hide,
+        view: plan.view,
         secret_values,
     })
 }
@@ -363,6 +404,7 @@ pub(crate) const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// stdin is a terminal, it goes into raw mode for the jail's relayed pty until the jail ends.
 async fn run_jailed(prepared: &Prepared, command: &[String], signals: &mut Signals) -> Result<ExitStatus> {
     let exe = std::env::current_exe().context("find the agenthold executable")?;
+    let view = &prepared.view;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("__jail")
         .arg("--netns")
@@ -370,11 +412,27 @@ async fn run_jailed(prepared: &Prepared, command: &[String], signals: &mut Signa
         .arg("--resolv")
         .arg(&prepared.resolv)
         .arg("--ca-bundle")
-        .arg(&prepared.bundle);
-    for path in &prepared.hide {
-        cmd.arg("--hide").arg(path);
+        .arg(&prepared.bundle)
+        .arg("--root")
+        .arg(prepared.files.join("jail"))
+        .arg("--cwd")
+        .arg(&view.cwd);
+    if let Some(home) = &view.home {
+        cmd.arg("--home").arg(home);
     }
-    if let Some((uid, gid)) = sudo_caller() {
+    if view.share_home {
+        cmd.arg("--share-home");
+    }
+    for (flag, paths) in [
+        ("--private-dir", &view.private_dirs),
+        ("--hide", &view.existing_hidden()),
+        ("--expose", &view.expose),
+    ] {
+        for path in paths {
+            cmd.arg(flag).arg(path);
+        }
+    }
+    if let Some((uid, gid)) = view.user {
         cmd.arg("--uid")
             .arg(uid.to_string())
             .arg("--gid")

@@ -222,6 +222,12 @@ impl Run<'_> {
         self
     }
 
+    /// `--share-home`.
+    pub(crate) fn share_home(mut self) -> Self {
+        self.flags.push("--share-home".into());
+        self
+    }
+
     /// An environment variable for agenthold itself (e.g. `SUDO_UID`).
     pub(crate) fn env(mut self, key: &str, value: &str) -> Self {
         self.vars.push((key.to_owned(), value.to_owned()));
@@ -269,8 +275,8 @@ impl Run<'_> {
         cmd
     }
 
-    /// The whole command line, `-- command…` last, started in the test's directory (the command's
-    /// working directory, writable in the jail: not the crate's source tree).
+    /// The whole command line, `-- command…` last, started in the test's directory (the jail shows the
+    /// working directory, writable, and hides the rest of /tmp).
     pub(crate) fn command(&self, command: &[&str]) -> Command {
         let mut cmd = agenthold();
         cmd.args(self.args(command)).current_dir(self.env.dir.path());
