@@ -22,7 +22,6 @@ use agenthold_egress::gateway::{AgentSockets, Dangerous, Gateway};
 use agenthold_egress::netns::NetNs;
 use agenthold_egress::nft::{AgentAttachment, GatewayRules, Ports};
 use anyhow::{Context, Result, bail};
-use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::jail::view::{self, View};
@@ -109,9 +108,9 @@ struct Plan {
     config: Config,
     data_dir: PathBuf,
     dns_upstream: SocketAddr,
-    /// What the command sees (R2).
+    /// What the command sees (R2, R3).
     view: View,
-    /// The `--log` file.
+    /// The `--log` file, resolved.
     log: Option<PathBuf>,
 }
 
@@ -142,7 +141,7 @@ fn plan(args: &RunArgs) -> Result<Plan> {
         Some(d) => d.clone(),
         None => config.data_dir()?,
     };
-    let view = plan_view(args, &config, &data_dir)?;
+    let (view, log) = plan_view(args, &config, &data_dir)?;
     let secrets = match &args.secrets {
         Some(path) => crate::secrets_file::load(path)?,
         None => Vec::new(),
@@ -162,24 +161,29 @@ fn plan(args: &RunArgs) -> Result<Plan> {
         data_dir,
         dns_upstream,
         view,
-        log: args.log.clone(),
+        log,
     })
 }
 
-/// The jail's view of this run: the working directory, the homes, and what agenthold keeps to itself
-/// (the data directory, the master key file, the secrets file).
-fn plan_view(args: &RunArgs, config: &Config, data_dir: &Path) -> Result<View> {
+/// The jail's view of this run: the working directory, the homes, and everything agenthold keeps to
+/// itself: the run's data directory, the installation's (from the configuration and its `AGENTHOLD_*`
+/// variables, and root's default), the master key file, the secrets file and the log.
+fn plan_view(args: &RunArgs, config: &Config, data_dir: &Path) -> Result<(View, Option<PathBuf>)> {
     let cwd = std::env::current_dir()
         .and_then(std::fs::canonicalize)
         .context("the working directory")?;
-    let mut hidden = vec![data_dir.to_path_buf()];
-    hidden.extend(args.secrets.clone());
-    hidden.extend(config.master_key_file().ok());
+    let mut own = vec![("--data-dir", data_dir.to_path_buf())];
+    own.extend(args.secrets.clone().map(|s| ("--secrets", s)));
+    let mut installation = vec![PathBuf::from("/var/lib/agenthold")];
+    installation.extend(config.data_dir().ok());
+    installation.extend(config.master_key_file().ok());
     let inputs = view::Inputs {
         cwd,
         user: sudo_caller(),
         share_home: args.share_home,
-        hidden,
+        own,
+        log: args.log.clone(),
+        installation,
         expose: args.dangerous_upstream_ca.iter().cloned().collect(),
     };
     Ok(View::plan(inputs)?)
@@ -295,7 +299,7 @@ async fn prepare(plan: Plan) -> Result<Prepared> {
         )),
     };
     let log_writer = match &plan.log {
-        Some(path) => Some(spawn_log_writer(path, gateway.log().subscribe()).await?),
+        Some(path) => Some(crate::log_file::spawn_writer(path, gateway.log().subscribe())?),
         None => None,
     };
     gateway.attach(&agent, sockets)?;
@@ -491,35 +495,6 @@ fn exit_code(status: ExitStatus) -> i32 {
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(1)
-}
-
-/// Write every log entry as a JSON line until the log closes.
-async fn spawn_log_writer(
-    path: &Path,
-    mut rx: tokio::sync::broadcast::Receiver<Arc<agenthold_egress::log::LogEntry>>,
-) -> Result<tokio::task::JoinHandle<Result<()>>> {
-    let file = tokio::fs::File::create(path)
-        .await
-        .with_context(|| format!("create {}", path.display()))?;
-    let path = path.to_owned();
-    Ok(tokio::spawn(async move {
-        let mut out = tokio::io::BufWriter::new(file);
-        loop {
-            match rx.recv().await {
-                Ok(entry) => {
-                    out.write_all(entry.to_json_line().as_bytes()).await?;
-                    out.write_all(b"\n").await?;
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::warn!(missed = n, "request log writer fell behind; entries lost");
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-            }
-        }
-        out.flush()
-            .await
-            .with_context(|| format!("write {}", path.display()))
-    }))
 }
 
 /// The pair of namespaces of one run. Dropping it deletes both (the veth pair and the rules go with them).

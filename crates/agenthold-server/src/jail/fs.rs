@@ -1,6 +1,6 @@
 //! Mount primitives of the jail's file system, used in its private mount namespace before privileges are
 //! dropped: binds, tmpfs, read-only overlays (through which no host Unix socket is reachable), covers
-//! over what must stay hidden, and a `/dev` with only the devices a command needs.
+//! over what must stay hidden, pins against renames, and a `/dev` with only the devices a command needs.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -127,7 +127,8 @@ pub(super) fn bind_read_only(source: &Path, target: &Path) -> Result<()> {
 }
 
 /// Make `path` unreadable and unchangeable for the command: an empty read-only tmpfs over a directory, an
-/// empty read-only file (`empty`) over anything else.
+/// empty read-only file (`empty`) over anything else. Being a mount point, it cannot be unlinked, renamed
+/// or replaced either.
 pub(super) fn cover(path: &Path, empty: &Path) -> Result<()> {
     let meta = std::fs::symlink_metadata(path).with_context(|| format!("stat {}", path.display()))?;
     if meta.is_dir() {
@@ -137,6 +138,22 @@ pub(super) fn cover(path: &Path, empty: &Path) -> Result<()> {
         bind(empty, path, MsFlags::empty())?;
         remount_read_only(path)
     }
+}
+
+/// Make every directory strictly between `top` and `path` a mount point of its own (bound over itself),
+/// so that none can be renamed or removed: a covered path inside a writable tree then stays where
+/// agenthold expects it, and nothing can be moved into its place.
+pub(super) fn pin(top: &Path, path: &Path) -> Result<()> {
+    let Ok(rest) = path.strip_prefix(top) else {
+        return Ok(());
+    };
+    let mut dir = top.to_path_buf();
+    let components: Vec<_> = rest.components().collect();
+    for component in components.iter().take(components.len().saturating_sub(1)) {
+        dir.push(component);
+        bind(&dir, &dir, MsFlags::MS_REC)?;
+    }
+    Ok(())
 }
 
 /// Mount points at or below `dir`, from this namespace's mountinfo, in mount order.

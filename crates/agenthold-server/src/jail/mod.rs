@@ -22,8 +22,9 @@
 //! caller's home read through a private layer). Nothing else of the host: no other user's files, no
 //! mount, device or Unix socket of the host (an overlay shows sockets as files of its own, so `connect()`
 //! through it is refused; abstract sockets belong to the network namespace), no SysV IPC (own IPC
-//! namespace). Agenthold's data directory, the master key file and the secrets file are covered
-//! wherever they would show through.
+//! namespace). Agenthold's data directories, the master key file, the secrets file and the `--log` file
+//! (R3) are covered wherever they would show through, and pinned against renames in the working
+//! directory.
 //!
 //! What the command can no longer do: `setns` back to the host's network namespace (needs CAP_SYS_ADMIN),
 //! change addresses or routes (CAP_NET_ADMIN), open raw sockets (CAP_NET_RAW), unmount or replace any of
@@ -90,8 +91,8 @@ pub(crate) struct JailArgs {
     /// More places that get an empty private directory (another home of the user).
     #[arg(long)]
     private_dir: Vec<PathBuf>,
-    /// Files and directories (resolved, existing) the command must not reach (the data directory, the
-    /// master key file, the secrets file): covered wherever they would show through.
+    /// Files and directories (resolved, existing) the command must not reach (data directories, key
+    /// files, the secrets file, the log): covered wherever they would show through.
     #[arg(long)]
     hide: Vec<PathBuf>,
     /// Files shown read-only at their own path although outside the allowlist (the tests' upstream CA).

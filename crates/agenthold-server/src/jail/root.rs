@@ -2,7 +2,7 @@
 //! may see: the system directories of [`SYSTEM`] through read-only overlays, `/sys` read-only, a minimal
 //! `/dev`, private `/run`, `/tmp`, `/var/tmp` and home, the working directory (writable, bound from the
 //! host without what is mounted below it), and covers over every path agenthold keeps to itself that
-//! would otherwise show through (data directories, key files, the secrets file). Stage 1 builds
+//! would otherwise show through (data directories, key files, the secrets and log files). Stage 1 builds
 //! it; stage 2, PID 1 of the jail, pivots into it ([`enter`]), so the host's root is gone from the
 //! command's mount namespace.
 
@@ -13,8 +13,8 @@ use anyhow::{Context, Result};
 use nix::mount::MsFlags;
 
 use super::fs::{
-    bind, bind_read_only, cover, make_dir, minimal_dev, overlay_private, overlay_read_only, read_only_tree,
-    remount_read_only, tmpfs,
+    bind, bind_read_only, cover, make_dir, minimal_dev, overlay_private, overlay_read_only, pin,
+    read_only_tree, remount_read_only, tmpfs,
 };
 use super::view::SYSTEM;
 use super::{JAIL_CA_BUNDLE, JailArgs};
@@ -206,31 +206,36 @@ fn network_files(root: &Path, args: &JailArgs) -> Result<()> {
 
 /// Cover every hidden path wherever it shows through: in the system directories, the shared home or
 /// the working directory, also when one of them reaches it under another name (a bind mount of one of
-/// its parents).
+/// its parents). In the writable working directory its parents are pinned too.
 fn hide(layout: &Layout, args: &JailArgs) -> Result<()> {
     let root = &layout.root;
-    // What the jail shows of the host.
-    let mut shown: Vec<PathBuf> = SYSTEM
+    // What the jail shows of the host: (host path, whether the command may write there).
+    let mut shown: Vec<(PathBuf, bool)> = SYSTEM
         .iter()
         .map(Path::new)
         .filter(|d| std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir()))
-        .map(Path::to_path_buf)
+        .map(|d| (d.to_path_buf(), false))
         .collect();
     if args.share_home
         && let Some(home) = &args.home
     {
-        shown.push(home.clone());
+        shown.push((home.clone(), false));
     }
-    shown.push(args.cwd.clone());
+    shown.push((args.cwd.clone(), true));
     for hidden in &args.hide {
-        for top in &shown {
+        for (top, writable) in &shown {
             let Some(rel) = reached_from(hidden, top) else {
                 continue;
             };
-            let target = inside(root, top).join(rel);
-            if std::fs::symlink_metadata(&target).is_ok() {
-                cover(&target, &layout.empty_file)?;
+            let top_inside = inside(root, top);
+            let target = top_inside.join(rel);
+            if std::fs::symlink_metadata(&target).is_err() {
+                continue;
             }
+            if *writable {
+                pin(&top_inside, &target)?;
+            }
+            cover(&target, &layout.empty_file)?;
         }
     }
     Ok(())

@@ -1,11 +1,12 @@
-//! What the command sees (R2), decided before anything is set up: an allowlist of host paths, the homes
-//! the jail replaces, the paths it hides inside what it shows, and the check that refuses a working
-//! directory that would open a way around the jail.
+//! What the command sees (R2, R3), decided before anything is set up: an allowlist of host paths, the
+//! homes the jail replaces, the paths it hides inside what it shows, and the checks that refuse a
+//! working directory or a path agenthold writes as root when they would open a way around the jail.
 //!
 //! The jail shows the system directories of [`SYSTEM`] read-only, the working directory writable, and
 //! nothing else of the host: `/tmp`, `/var/tmp`, `/dev/shm`, `/run` and the home are its own. So the only
 //! place the command can write on the host is the working directory, which is why it may not be (or
-//! contain) a place the jail replaces.
+//! contain) a place the jail replaces, and why agenthold never follows a symlink in it that leads outside
+//! (the command may have planted it on an earlier run) to write its log or data.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -120,6 +121,54 @@ pub(crate) fn check_cwd(cwd: &Path, homes: &[PathBuf], hidden: &[PathBuf]) -> Re
     check_working_directory(cwd, &replaced, &resolved(NEVER_BELOW), homes, hidden)
 }
 
+/// A path that agenthold, as root, creates or writes (`--log`, `--data-dir`) or reads (`--secrets`),
+/// given as `given` relative to `cwd` (resolved): refused when, named inside the working directory, it
+/// resolves outside it (through a symlink the command may have planted there on an earlier run). Returns
+/// the resolved path.
+pub(crate) fn check_own_path(flag: &str, cwd: &Path, given: &Path) -> Result<PathBuf, Refused> {
+    let named = normalize(cwd, given);
+    let real = resolve(&named);
+    if named.starts_with(cwd) && !real.starts_with(cwd) {
+        return Err(Refused(format!(
+            "{flag} {}: leads out of the working directory through a symlink ({}); refusing to follow it",
+            given.display(),
+            real.display()
+        )));
+    }
+    Ok(real)
+}
+
+/// [`check_own_path`] for the `--log` file, which agenthold opens for appending: its last component must
+/// not be a symlink, and an existing one must be a regular file.
+pub(crate) fn check_log_path(cwd: &Path, given: &Path) -> Result<PathBuf, Refused> {
+    let named = normalize(cwd, given);
+    match std::fs::symlink_metadata(&named) {
+        Ok(meta) if meta.file_type().is_symlink() => Err(Refused(format!(
+            "--log {}: is a symlink; refusing to follow it",
+            given.display()
+        ))),
+        Ok(meta) if !meta.is_file() => Err(Refused(format!(
+            "--log {}: is not a regular file",
+            given.display()
+        ))),
+        _ => check_own_path("--log", cwd, given),
+    }
+}
+
+/// A key file or data directory that does not exist yet and would be created inside the working
+/// directory: the command could create it first and choose its content (the installation's master key).
+pub(crate) fn check_not_creatable(cwd: &Path, sensitive: &Path) -> Result<(), Refused> {
+    let real = resolve(sensitive);
+    if real.starts_with(cwd) && std::fs::symlink_metadata(&real).is_err() {
+        return Err(Refused(format!(
+            "{} does not exist yet and lies in the working directory, where the command could create it; \
+             create it first or run from another directory",
+            real.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Whether the jail may put a private directory (or the shared home) at `home`: not `/`, neither inside
 /// nor above a system directory or a kernel interface, and not above the private temporary directories.
 pub(crate) fn replaceable_home(home: &Path) -> bool {
@@ -171,26 +220,53 @@ pub(crate) struct Inputs {
     pub(crate) cwd: PathBuf,
     pub(crate) user: Option<(u32, u32)>,
     pub(crate) share_home: bool,
-    /// What agenthold keeps to itself: data directories, key files, the secrets file.
-    pub(crate) hidden: Vec<PathBuf>,
+    /// Paths agenthold writes or reads as root, by flag: checked against planted symlinks, hidden.
+    pub(crate) own: Vec<(&'static str, PathBuf)>,
+    /// The `--log` file.
+    pub(crate) log: Option<PathBuf>,
+    /// Data directories and key files of the installation (hidden; refused when the command could
+    /// create them).
+    pub(crate) installation: Vec<PathBuf>,
     pub(crate) expose: Vec<PathBuf>,
 }
 
 impl View {
-    /// Decide the view: the homes, what to hide, and whether the working directory is acceptable.
-    pub(crate) fn plan(inputs: Inputs) -> Result<Self, Refused> {
+    /// Decide the view: the homes, what to hide, and whether the working directory and the paths
+    /// agenthold writes are acceptable.
+    pub(crate) fn plan(inputs: Inputs) -> Result<(Self, Option<PathBuf>), Refused> {
         let Inputs {
             cwd,
             user,
             share_home,
-            hidden,
+            own,
+            log,
+            installation,
             expose,
         } = inputs;
         let (home, private_dirs) = homes(user);
-        let hidden: Vec<PathBuf> = hidden.iter().map(|p| resolve(&normalize(&cwd, p))).collect();
+        let mut hidden = Vec::new();
+        for (flag, path) in own {
+            hidden.push(check_own_path(flag, &cwd, &path)?);
+        }
+        // agenthold creates its own paths before the jail starts: only the installation's are checked
+        // for being creatable by the command.
+        let own_paths = hidden.clone();
+        let log = log.map(|l| check_log_path(&cwd, &l)).transpose()?;
+        hidden.extend(log.clone());
+        let mut installation = installation;
+        if let Some(home) = &home {
+            installation.extend(user_data_dirs(home));
+        }
+        for path in &installation {
+            let path = resolve(&normalize(&cwd, path));
+            if !own_paths.iter().any(|own| path.starts_with(own)) {
+                check_not_creatable(&cwd, &path)?;
+            }
+            hidden.push(path);
+        }
         let homes: Vec<PathBuf> = home.iter().chain(&private_dirs).map(|h| resolve(h)).collect();
         check_cwd(&cwd, &homes, &hidden)?;
-        Ok(Self {
+        let view = Self {
             cwd,
             home,
             share_home,
@@ -198,7 +274,8 @@ impl View {
             hidden: outermost(hidden),
             expose: expose.iter().map(|p| resolve(p)).collect(),
             user,
-        })
+        };
+        Ok((view, log))
     }
 
     /// The hidden paths that exist now (the jail covers those; agenthold creates its own before).
@@ -209,6 +286,22 @@ impl View {
             .cloned()
             .collect()
     }
+}
+
+/// Where a non-root installation of the user keeps its data: `$XDG_DATA_HOME/agenthold` and
+/// `<home>/.local/share/agenthold` (agenthold-core's default data directory).
+fn user_data_dirs(home: &Path) -> Vec<PathBuf> {
+    let xdg = std::env::var_os("XDG_DATA_HOME");
+    let mut dirs: Vec<PathBuf> =
+        agenthold_core::config::default_data_dir(false, None, Some(home.as_os_str()))
+            .into_iter()
+            .collect();
+    dirs.extend(agenthold_core::config::default_data_dir(
+        false,
+        xdg.as_deref(),
+        std::env::var_os("HOME").as_deref(),
+    ));
+    dirs
 }
 
 /// The command's home and the other homes to replace: the sudo caller's home from the user database

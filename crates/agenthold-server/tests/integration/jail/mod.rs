@@ -13,7 +13,8 @@
 //! root-owned files writable in the working directory only.
 //!
 //! Issue 9: [`session`] (R1: own session, the relayed pty), [`view`] (R2: the allowlisted view, no host
-//! socket, private /tmp and home, `--share-home`).
+//! socket, private /tmp and home, `--share-home`), [`reach`] (R3: every data dir, the key files and the
+//! `--log` file out of reach, the log append-only).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -21,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 use crate::support::{API, Env, PYTHON, Run, status_field};
 
+mod reach;
 mod session;
 mod view;
 

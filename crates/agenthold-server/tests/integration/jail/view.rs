@@ -324,7 +324,7 @@ async fn tmp_and_home_are_private() {
 }
 
 // covers: R2 (--share-home: the home is seen through a private layer: readable, writes and sockets stay
-// inside; the working directory below it stays writable on the host)
+// inside, agenthold's data dir in it hidden; the working directory below it stays writable on the host)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and nftables: run with make test"]
 async fn share_home_shows_the_home_and_keeps_it_unchanged() {
@@ -336,6 +336,9 @@ async fn share_home_shows_the_home_and_keeps_it_unchanged() {
     make_dir(&project);
     write_mode(&home.join(".gitconfig"), "[user]\n\tname = host-user\n", 0o644);
     write_mode(&home.join(".bashrc"), "original\n", 0o644);
+    let key = home.join(".local/share/agenthold/egress/ca.key");
+    make_dir(key.parent().unwrap());
+    write_mode(&key, &format!("KEY-{unique}\n"), 0o600);
     let _socket = open_socket(&home.join(".docker/run/docker.sock"));
     let h = home.display();
     let probes = [
@@ -345,6 +348,7 @@ async fn share_home_shows_the_home_and_keeps_it_unchanged() {
             format!("echo evil >> {h}/.bashrc && grep -q evil {h}/.bashrc"),
         ),
         probe_jail_only("work", "echo work > result"),
+        probe_jail_only("reads_data_dir_key", format!("test -s {}", key.display())),
         probe_jail_only("docker_socket", connect(&format!("{h}/.docker/run/docker.sock"))),
     ];
     let script = project.join("probes.sh");
@@ -360,6 +364,7 @@ async fn share_home_shows_the_home_and_keeps_it_unchanged() {
         ("reads_gitconfig", true),
         ("writes_privately", true),
         ("work", true),
+        ("reads_data_dir_key", false),
         ("docker_socket", false),
     ] {
         assert_eq!(
