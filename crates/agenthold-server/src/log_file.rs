@@ -8,13 +8,16 @@ use anyhow::{Context, Result, bail};
 use tokio::io::AsyncWriteExt;
 
 /// Open the `--log` file for appending (created if missing, never truncated, never through a symlink:
-/// agenthold is root and the path may lie where the command wrote before).
+/// agenthold is root and the path may lie where the command wrote before; nor does a FIFO planted there
+/// block it: non-blocking open, then it must be a regular file).
 fn open(path: &Path) -> Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
+
+    use nix::fcntl::OFlag;
     let file = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
-        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
         .open(path)
         .with_context(|| format!("open --log {}", path.display()))?;
     let meta = file

@@ -74,10 +74,10 @@ async fn log_file_is_out_of_reach_and_append_only() {
 }
 
 // covers: R3 (agenthold, as root, never follows a symlink the command could have planted in the working
-// directory to write its log elsewhere, e.g. into ~/.bashrc)
+// directory to write its log elsewhere, e.g. into ~/.bashrc, nor waits on a FIFO planted there)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and nftables: run with make test"]
-async fn log_path_through_a_planted_symlink_is_refused() {
+async fn log_path_through_a_planted_symlink_or_fifo_is_refused() {
     let env = Env::new().await;
     let unique = unique_name(&env);
     let outside = Path::new("/var/lib").join(&unique);
@@ -87,7 +87,12 @@ async fn log_path_through_a_planted_symlink_is_refused() {
     write_mode(&victim, "original\n", 0o644);
     std::os::unix::fs::symlink(&outside, env.path("planted-dir")).unwrap();
     std::os::unix::fs::symlink(&victim, env.path("planted-file")).unwrap();
-    for log in ["planted-dir/log.jsonl", "planted-file"] {
+    nix::unistd::mkfifo(
+        &env.path("planted-fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    for log in ["planted-dir/log.jsonl", "planted-file", "planted-fifo"] {
         let out = env.run().log(Path::new(log)).output(&["true"]).await;
         assert_eq!(out.code, Some(2), "--log {log}: {out:#?}");
         assert!(out.stderr.contains("--log"), "{out:#?}");
