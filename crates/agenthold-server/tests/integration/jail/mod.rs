@@ -995,6 +995,23 @@ async fn root_without_sudo_cannot_read_keys_or_the_secrets_file() {
             "userns_umount_secrets",
             in_user_namespace(&format!("umount {s}; test -s {s}")),
         ),
+        // A copy of the working directory's mount without what covers the data dir: a bind that is not
+        // recursive, or an overlay on it (the kernel refuses both: the covers are locked).
+        probe_jail_only(
+            "userns_bind_under_cover",
+            in_user_namespace(&format!(
+                "mkdir -p /tmp/peek && mount --bind {w} /tmp/peek && test -s /tmp/peek/data/egress/ca.key",
+                w = env.dir.path().display()
+            )),
+        ),
+        probe_jail_only(
+            "userns_overlay_under_cover",
+            in_user_namespace(&format!(
+                "mkdir -p /tmp/peek /tmp/empty && mount -t overlay x -o lowerdir={w}:/tmp/empty /tmp/peek \
+                 && test -s /tmp/peek/data/egress/ca.key",
+                w = env.dir.path().display()
+            )),
+        ),
     ];
     let run = || {
         env.run()
