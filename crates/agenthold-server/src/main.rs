@@ -9,6 +9,7 @@
 
 mod image;
 mod jail;
+mod log_file;
 mod run;
 mod secrets_file;
 

@@ -22,8 +22,9 @@ use agenthold_egress::gateway::{AgentSockets, Dangerous, Gateway};
 use agenthold_egress::netns::NetNs;
 use agenthold_egress::nft::{AgentAttachment, GatewayRules, Ports};
 use anyhow::{Context, Result, bail};
-use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{SignalKind, signal};
+
+use crate::jail::view::{self, View};
 
 /// The gateway's address on the veth pair.
 const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 2);
@@ -60,6 +61,10 @@ pub(crate) struct RunArgs {
     /// Secrets to inject (YAML list; see docs/secrets.md). The command sees placeholders only.
     #[arg(long, value_name = "FILE")]
     secrets: Option<PathBuf>,
+    /// Show your home directory to the command, read through a private layer: it reads your files,
+    /// its changes there are discarded when it ends. Default: an empty home of its own.
+    #[arg(long)]
+    share_home: bool,
     /// The command to run and its arguments.
     #[arg(
         trailing_var_arg = true,
@@ -103,6 +108,10 @@ struct Plan {
     config: Config,
     data_dir: PathBuf,
     dns_upstream: SocketAddr,
+    /// What the command sees (R2, R3).
+    view: View,
+    /// The `--log` file, resolved.
+    log: Option<PathBuf>,
 }
 
 fn plan(args: &RunArgs) -> Result<Plan> {
@@ -127,14 +136,15 @@ fn plan(args: &RunArgs) -> Result<Plan> {
         }
         None => None,
     };
-    let secrets = match &args.secrets {
-        Some(path) => crate::secrets_file::load(path)?,
-        None => Vec::new(),
-    };
     let config = Config::load(None)?;
     let data_dir = match &args.data_dir {
         Some(d) => d.clone(),
         None => config.data_dir()?,
+    };
+    let (view, log) = plan_view(args, &config, &data_dir)?;
+    let secrets = match &args.secrets {
+        Some(path) => crate::secrets_file::load(path)?,
+        None => Vec::new(),
     };
     let dns_upstream = match &args.dns_upstream {
         Some(s) => parse_dns_upstream(s)?,
@@ -150,7 +160,33 @@ fn plan(args: &RunArgs) -> Result<Plan> {
         config,
         data_dir,
         dns_upstream,
+        view,
+        log,
     })
+}
+
+/// The jail's view of this run: the working directory, the homes, and everything agenthold keeps to
+/// itself: the run's data directory, the installation's (from the configuration and its `AGENTHOLD_*`
+/// variables, and root's default), the master key file, the secrets file and the log.
+fn plan_view(args: &RunArgs, config: &Config, data_dir: &Path) -> Result<(View, Option<PathBuf>)> {
+    let cwd = std::env::current_dir()
+        .and_then(std::fs::canonicalize)
+        .context("the working directory")?;
+    let mut own = vec![("--data-dir", data_dir.to_path_buf())];
+    own.extend(args.secrets.clone().map(|s| ("--secrets", s)));
+    let mut installation = vec![PathBuf::from("/var/lib/agenthold")];
+    installation.extend(config.data_dir().ok());
+    installation.extend(config.master_key_file().ok());
+    let inputs = view::Inputs {
+        cwd,
+        user: sudo_caller(),
+        share_home: args.share_home,
+        own,
+        log: args.log.clone(),
+        installation,
+        expose: args.dangerous_upstream_ca.iter().cloned().collect(),
+    };
+    Ok(View::plan(inputs)?)
 }
 
 /// Run the command; returns its exit code (128 + signal when killed by a signal).
@@ -179,7 +215,7 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
     // setup future owns the namespaces, and dropping it deletes them).
     let mut signals = Signals::install()?;
     let prepared = tokio::select! {
-        prepared = prepare(args, plan) => prepared?,
+        prepared = prepare(plan) => prepared?,
         signal = signals.next() => return Ok(128 + signal as i32),
     };
     let status = run_jailed(&prepared, &args.command, &mut signals).await?;
@@ -187,8 +223,13 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
         net,
         gateway,
         log_writer,
+        files,
         ..
     } = prepared;
+    // The run's files (resolv.conf, CA bundle, the jail's empty mount point) are no longer needed.
+    if let Err(e) = std::fs::remove_dir_all(&files) {
+        tracing::warn!(error = %e, dir = %files.display(), "could not remove the run's files");
+    }
 
     // Let connections the command left open close and get logged, then stop.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -206,17 +247,19 @@ struct Prepared {
     net: RunNet,
     gateway: Gateway,
     log_writer: Option<tokio::task::JoinHandle<Result<()>>>,
+    /// The run's own directory (under the data directory's `run/`).
+    files: PathBuf,
     resolv: PathBuf,
     bundle: PathBuf,
     env: BTreeMap<String, String>,
-    /// Paths the command must not read.
-    hide: Vec<PathBuf>,
+    /// What the command sees.
+    view: View,
     /// The secret values, to keep them out of the command's environment.
     secret_values: Vec<Vec<u8>>,
 }
 
 /// Namespaces, rules, gateway, files and environment of one run.
-async fn prepare(args: &RunArgs, plan: Plan) -> Result<Prepared> {
+async fn prepare(plan: Plan) -> Result<Prepared> {
     remove_stale_namespaces();
     let run_dir = plan.data_dir.join("run");
     std::fs::create_dir_all(&run_dir).with_context(|| format!("create {}", run_dir.display()))?;
@@ -255,8 +298,8 @@ async fn prepare(args: &RunArgs, plan: Plan) -> Result<Prepared> {
             net.gateway.bind_tcp(bind(ports.dns))?,
         )),
     };
-    let log_writer = match &args.log {
-        Some(path) => Some(spawn_log_writer(path, gateway.log().subscribe()).await?),
+    let log_writer = match &plan.log {
+        Some(path) => Some(crate::log_file::spawn_writer(path, gateway.log().subscribe())?),
         None => None,
     };
     gateway.attach(&agent, sockets)?;
@@ -287,28 +330,32 @@ async fn prepare(args: &RunArgs, plan: Plan) -> Result<Prepared> {
             env.insert(var, p.placeholder);
         }
     }
-    let mut hide = vec![plan.data_dir.clone()];
-    hide.extend(args.secrets.clone());
-    if let Ok(key) = plan.config.master_key_file() {
-        hide.push(key);
+    // The command runs as the sudo caller: its home, not root's (which sudo leaves in $HOME).
+    if let (Some(_), Some(home)) = (plan.view.user, &plan.view.home) {
+        env.insert("HOME".to_owned(), home.display().to_string());
     }
+    let staging = files.join("jail");
+    std::fs::create_dir(&staging).with_context(|| format!("create {}", staging.display()))?;
     Ok(Prepared {
         net,
         gateway,
         log_writer,
+        files,
         resolv,
         bundle,
         env,
-        hide,
+        view: plan.view,
         secret_values,
     })
 }
 
-/// SIGINT, SIGTERM and SIGHUP, caught for the whole run.
+/// SIGINT, SIGTERM, SIGHUP and SIGQUIT, caught for the whole run (so that agenthold always cleans up
+/// and gives the caller's terminal its modes back).
 struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     hup: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -317,6 +364,7 @@ impl Signals {
             int: signal(SignalKind::interrupt()).context("catch SIGINT")?,
             term: signal(SignalKind::terminate()).context("catch SIGTERM")?,
             hup: signal(SignalKind::hangup()).context("catch SIGHUP")?,
+            quit: signal(SignalKind::quit()).context("catch SIGQUIT")?,
         })
     }
 
@@ -326,6 +374,7 @@ impl Signals {
             _ = self.int.recv() => Signal::SIGINT,
             _ = self.term.recv() => Signal::SIGTERM,
             _ = self.hup.recv() => Signal::SIGHUP,
+            _ = self.quit.recv() => Signal::SIGQUIT,
         }
     }
 }
@@ -355,9 +404,11 @@ fn write_ca_bundle(dir: &Path, ca: &CertificateAuthority) -> Result<PathBuf> {
 /// Where Debian-family systems keep the trust store the jail replaces with the bundle.
 pub(crate) const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
-/// Run `command` in the jail with `env` added; forward SIGINT, SIGTERM and SIGHUP to it.
+/// Run `command` in the jail with `env` added; forward SIGINT, SIGTERM, SIGHUP and SIGQUIT to it. When
+/// stdin is a terminal, it goes into raw mode for the jail's relayed pty until the jail ends.
 async fn run_jailed(prepared: &Prepared, command: &[String], signals: &mut Signals) -> Result<ExitStatus> {
     let exe = std::env::current_exe().context("find the agenthold executable")?;
+    let view = &prepared.view;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("__jail")
         .arg("--netns")
@@ -365,11 +416,27 @@ async fn run_jailed(prepared: &Prepared, command: &[String], signals: &mut Signa
         .arg("--resolv")
         .arg(&prepared.resolv)
         .arg("--ca-bundle")
-        .arg(&prepared.bundle);
-    for path in &prepared.hide {
-        cmd.arg("--hide").arg(path);
+        .arg(&prepared.bundle)
+        .arg("--root")
+        .arg(prepared.files.join("jail"))
+        .arg("--cwd")
+        .arg(&view.cwd);
+    if let Some(home) = &view.home {
+        cmd.arg("--home").arg(home);
     }
-    if let Some((uid, gid)) = sudo_caller() {
+    if view.share_home {
+        cmd.arg("--share-home");
+    }
+    for (flag, paths) in [
+        ("--private-dir", &view.private_dirs),
+        ("--hide", &view.existing_hidden()),
+        ("--expose", &view.expose),
+    ] {
+        for path in paths {
+            cmd.arg(flag).arg(path);
+        }
+    }
+    if let Some((uid, gid)) = view.user {
         cmd.arg("--uid")
             .arg(uid.to_string())
             .arg("--gid")
@@ -386,6 +453,12 @@ async fn run_jailed(prepared: &Prepared, command: &[String], signals: &mut Signa
         if key != "AGENTHOLD_MASTER_KEY" && !carries_secret {
             cmd.env(key, value);
         }
+    }
+    // Raw mode from here until this function returns (also through `?`): the jail's pty does the line
+    // discipline.
+    let terminal = crate::jail::RawTerminal::enter();
+    if terminal.is_some() {
+        cmd.arg("--tty");
     }
     cmd.arg("--").args(command).envs(&prepared.env).kill_on_drop(true);
     let mut child = cmd.spawn().context("start the jailed command")?;
@@ -422,35 +495,6 @@ fn exit_code(status: ExitStatus) -> i32 {
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(1)
-}
-
-/// Write every log entry as a JSON line until the log closes.
-async fn spawn_log_writer(
-    path: &Path,
-    mut rx: tokio::sync::broadcast::Receiver<Arc<agenthold_egress::log::LogEntry>>,
-) -> Result<tokio::task::JoinHandle<Result<()>>> {
-    let file = tokio::fs::File::create(path)
-        .await
-        .with_context(|| format!("create {}", path.display()))?;
-    let path = path.to_owned();
-    Ok(tokio::spawn(async move {
-        let mut out = tokio::io::BufWriter::new(file);
-        loop {
-            match rx.recv().await {
-                Ok(entry) => {
-                    out.write_all(entry.to_json_line().as_bytes()).await?;
-                    out.write_all(b"\n").await?;
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::warn!(missed = n, "request log writer fell behind; entries lost");
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-            }
-        }
-        out.flush()
-            .await
-            .with_context(|| format!("write {}", path.display()))
-    }))
 }
 
 /// The pair of namespaces of one run. Dropping it deletes both (the veth pair and the rules go with them).

@@ -1,38 +1,12 @@
-//! The jail's view of the file system, set up in its private mount namespace before privileges are dropped:
-//! what is hidden, what is read-only, and a `/dev` with only the devices a command needs.
+//! Mount primitives of the jail's file system, used in its private mount namespace before privileges are
+//! dropped: binds, tmpfs, read-only overlays (through which no host Unix socket is reachable), covers
+//! over what must stay hidden, pins against renames, and a `/dev` with only the devices a command needs.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use nix::mount::{MsFlags, mount};
-
-/// System directories the command gets read-only (with everything mounted below them): a
-/// capability-less root still owns them, and files planted there (a cron job, `/etc/ld.so.preload`, a
-/// shell profile, a container layer, a cgroup's `cgroup.procs`) would take effect with full privileges.
-/// `/tmp`, `/var/tmp`, `/home` and the working directory stay writable.
-pub(super) const READ_ONLY: &[&str] = &[
-    "/etc",
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/libx32",
-    "/boot",
-    "/root",
-    "/opt",
-    "/srv",
-    "/var/lib",
-    "/var/spool",
-    "/var/cache",
-    "/var/log",
-    "/var/mail",
-    "/var/opt",
-    "/var/backups",
-    "/var/local",
-    "/sys",
-];
 
 /// Kernel interfaces under the jail's own /proc made read-only: a capability-less root may still write
 /// many of them (`kernel.core_pattern` would run a program as full root on the next crash).
@@ -47,7 +21,12 @@ pub(super) const PROC_READ_ONLY: &[&str] = &[
 /// Device nodes the jail's `/dev` keeps (bound from the host's).
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
-fn bind(source: &Path, target: &Path, flags: MsFlags) -> Result<()> {
+/// Flags every mount of the jail's own gets.
+fn hardened() -> MsFlags {
+    MsFlags::MS_NOSUID | MsFlags::MS_NODEV
+}
+
+pub(super) fn bind(source: &Path, target: &Path, flags: MsFlags) -> Result<()> {
     mount(
         Some(source),
         target,
@@ -58,39 +37,86 @@ fn bind(source: &Path, target: &Path, flags: MsFlags) -> Result<()> {
     .with_context(|| format!("bind {} over {}", source.display(), target.display()))
 }
 
-fn remount_read_only(target: &Path) -> Result<()> {
-    mount(
-        None::<&str>,
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-        None::<&str>,
-    )
-    .with_context(|| format!("make {} read-only", target.display()))
+/// Make the mount at `target` read-only, keeping its nosuid, nodev and noexec flags (a bind remount sets
+/// all of them at once).
+pub(super) fn remount_read_only(target: &Path) -> Result<()> {
+    use nix::sys::statvfs::FsFlags;
+    let current = nix::sys::statvfs::statvfs(target)
+        .with_context(|| format!("statvfs {}", target.display()))?
+        .flags();
+    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+    for (has, keep) in [
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+    ] {
+        if current.contains(has) {
+            flags |= keep;
+        }
+    }
+    mount(None::<&str>, target, None::<&str>, flags, None::<&str>)
+        .with_context(|| format!("make {} read-only", target.display()))
 }
 
-fn tmpfs(target: &Path, options: &str) -> Result<()> {
+pub(super) fn tmpfs(target: &Path, options: &str) -> Result<()> {
+    mount(Some("tmpfs"), target, Some("tmpfs"), hardened(), Some(options))
+        .with_context(|| format!("mount a tmpfs on {}", target.display()))
+}
+
+/// Create directory `dir` (and missing parents) with `mode`.
+pub(super) fn make_dir(dir: &Path, mode: u32) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {}", dir.display()))
+}
+
+/// Overlayfs takes `,` and `:` as separators in its options: refuse paths that hold them.
+fn overlay_path(path: &Path) -> Result<String> {
+    let text = path
+        .to_str()
+        .with_context(|| format!("{} is not UTF-8", path.display()))?;
+    if text.contains([',', ':', '\\', '\n']) {
+        bail!("cannot show {text} through an overlay: the path holds `,`, `:` or `\\`");
+    }
+    Ok(text.to_owned())
+}
+
+fn overlay(target: &Path, options: &str) -> Result<()> {
     mount(
-        Some("tmpfs"),
+        Some("overlay"),
         target,
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("overlay"),
+        hardened(),
         Some(options),
     )
-    .with_context(|| format!("mount a tmpfs on {}", target.display()))
+    .with_context(|| format!("mount an overlay on {} ({options})", target.display()))
 }
 
-/// Mount an empty tmpfs over /run so that host daemons' Unix sockets (docker, containerd, dbus, systemd)
-/// are out of reach.
-pub(super) fn hide_run() -> Result<()> {
-    tmpfs(Path::new("/run"), "mode=0755,size=16m")
+/// Show `lower` at `target` read-only through an overlay (with the empty directory `empty` as a second
+/// layer: overlayfs wants two without an upper one). Unlike a read-only bind, an overlay shows the host's
+/// Unix sockets as files of its own, so `connect()` to them is refused; mounts below `lower` are not shown.
+pub(super) fn overlay_read_only(lower: &Path, target: &Path, empty: &Path) -> Result<()> {
+    let options = format!("lowerdir={}:{}", overlay_path(lower)?, overlay_path(empty)?);
+    overlay(target, &options)
 }
 
-/// Put `source` at `target` read-only (the gateway's resolv.conf at the real path behind /etc/resolv.conf,
-/// which may be a symlink into /run; the CA bundle over the system trust store).
+/// Show `lower` at `target` through an overlay whose writes land in `upper` (on the jail's own tmpfs,
+/// with its `work` directory): the command reads the host's files, and what it changes stays private.
+pub(super) fn overlay_private(lower: &Path, target: &Path, layers: (&Path, &Path, &Path)) -> Result<()> {
+    let (empty, upper, work) = layers;
+    let options = format!(
+        "lowerdir={}:{},upperdir={},workdir={}",
+        overlay_path(lower)?,
+        overlay_path(empty)?,
+        overlay_path(upper)?,
+        overlay_path(work)?
+    );
+    overlay(target, &options)
+}
+
+/// Put `source` at `target` read-only, creating an empty `target` file (and its parents) if needed.
 pub(super) fn bind_read_only(source: &Path, target: &Path) -> Result<()> {
-    if !target.exists() {
-        // The target lived under the /run we just hid: recreate its path on the new tmpfs.
+    if std::fs::symlink_metadata(target).is_err() {
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
         }
@@ -100,22 +126,37 @@ pub(super) fn bind_read_only(source: &Path, target: &Path) -> Result<()> {
     remount_read_only(target)
 }
 
-/// Make `path` unreadable for the command: an empty tmpfs over a directory, an empty file over a file.
-pub(super) fn hide(path: &Path) -> Result<()> {
-    let Ok(meta) = std::fs::metadata(path) else {
-        return Ok(());
-    };
+/// Make `path` unreadable and unchangeable for the command: an empty read-only tmpfs over a directory, an
+/// empty read-only file (`empty`) over anything else. Being a mount point, it cannot be unlinked, renamed
+/// or replaced either.
+pub(super) fn cover(path: &Path, empty: &Path) -> Result<()> {
+    let meta = std::fs::symlink_metadata(path).with_context(|| format!("stat {}", path.display()))?;
     if meta.is_dir() {
-        tmpfs(path, "mode=0755,size=64k")
+        tmpfs(path, "mode=0755,size=16k")?;
+        remount_read_only(path)
     } else {
-        let empty = Path::new("/run/agenthold/empty");
-        std::fs::create_dir_all("/run/agenthold").context("create /run/agenthold")?;
-        std::fs::write(empty, b"").context("create an empty file")?;
-        bind_read_only(empty, path)
+        bind(empty, path, MsFlags::empty())?;
+        remount_read_only(path)
     }
 }
 
-/// Mount points at or below `dir`, from this namespace's mountinfo, deepest last.
+/// Make every directory strictly between `top` and `path` a mount point of its own (bound over itself),
+/// so that none can be renamed or removed: a covered path inside a writable tree then stays where
+/// agenthold expects it, and nothing can be moved into its place.
+pub(super) fn pin(top: &Path, path: &Path) -> Result<()> {
+    let Ok(rest) = path.strip_prefix(top) else {
+        return Ok(());
+    };
+    let mut dir = top.to_path_buf();
+    let components: Vec<_> = rest.components().collect();
+    for component in components.iter().take(components.len().saturating_sub(1)) {
+        dir.push(component);
+        bind(&dir, &dir, MsFlags::MS_REC)?;
+    }
+    Ok(())
+}
+
+/// Mount points at or below `dir`, from this namespace's mountinfo, in mount order.
 fn mounts_below(dir: &Path) -> Result<Vec<PathBuf>> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").context("read /proc/self/mountinfo")?;
     Ok(info
@@ -148,26 +189,12 @@ fn unescape(field: &str) -> PathBuf {
     PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
-/// Bind `dir` over itself with everything mounted below it, and make every one of those mounts read-only
-/// (a read-only remount affects one mount, not the ones below it). A working directory below `dir` keeps
-/// its own writable bind, made before the remount so it does not inherit the read-only flag. Symlinks
-/// (merged /usr) and missing directories are skipped: their targets are handled on their own.
-pub(super) fn read_only_dir(dir: &Path, cwd: Option<&Path>) -> Result<()> {
-    let Ok(meta) = std::fs::symlink_metadata(dir) else {
-        return Ok(());
-    };
-    if !meta.is_dir() {
-        return Ok(());
-    }
-    bind(dir, dir, MsFlags::MS_REC)?;
-    let keep = cwd.filter(|c| c.starts_with(dir) && *c != dir);
-    if let Some(cwd) = keep {
-        bind(cwd, cwd, MsFlags::MS_REC)?;
-    }
-    for mount_point in mounts_below(dir)? {
-        if keep.is_some_and(|cwd| mount_point.starts_with(cwd)) {
-            continue;
-        }
+/// Bind `source` with everything mounted below it at `target`, and make every one of those mounts
+/// read-only (a read-only remount affects one mount, not the ones below it). For `/sys` (cgroups below
+/// it) and the kernel interfaces of the jail's `/proc`.
+pub(super) fn read_only_tree(source: &Path, target: &Path) -> Result<()> {
+    bind(source, target, MsFlags::MS_REC)?;
+    for mount_point in mounts_below(target)? {
         // A mount that vanished since mountinfo was read is no longer a way in.
         if let Err(e) = remount_read_only(&mount_point)
             && mount_point.exists()
@@ -178,28 +205,50 @@ pub(super) fn read_only_dir(dir: &Path, cwd: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
-/// Replace `/dev` with a tmpfs holding only the usual devices (bound from the host's), `pts`, `shm` and the
-/// standard links. The host's `/dev` holds root-owned block devices a capability-less root could still open
-/// by their permissions, which would bypass every read-only mount and hidden path.
-pub(super) fn minimal_dev() -> Result<()> {
-    let staging = Path::new("/run/agenthold/dev");
-    std::fs::create_dir_all(staging).context("create the jail's /dev")?;
-    tmpfs(staging, "mode=0755,size=64k")?;
+/// Build the jail's `/dev` at `dev`: a tmpfs holding only the usual devices (bound from the host's), a
+/// `pts` of its own (a new devpts instance: the host's terminals are not there), `shm` and `mqueue` of
+/// its own, and the standard links. The host's `/dev` holds root-owned block devices a capability-less
+/// root could still open by their permissions, which would bypass every read-only mount and hidden path.
+pub(super) fn minimal_dev(dev: &Path, tty_gid: Option<u32>) -> Result<()> {
+    tmpfs(dev, "mode=0755,size=64k")?;
     for name in DEVICES {
         let host = Path::new("/dev").join(name);
         if host.exists() {
-            let target = staging.join(name);
+            let target = dev.join(name);
             std::fs::write(&target, b"").with_context(|| format!("create {}", target.display()))?;
             bind(&host, &target, MsFlags::empty())?;
         }
     }
-    for (dir, source) in [("pts", Some("/dev/pts")), ("shm", None), ("mqueue", None)] {
-        let target = staging.join(dir);
-        std::fs::create_dir_all(&target).with_context(|| format!("create {}", target.display()))?;
-        match source {
-            Some(host) if Path::new(host).exists() => bind(Path::new(host), &target, MsFlags::empty())?,
-            _ => tmpfs(&target, "mode=1777,size=64m")?,
-        }
+    let pts = dev.join("pts");
+    make_dir(&pts, 0o755)?;
+    let mut options = String::from("newinstance,ptmxmode=0666,mode=0620");
+    if let Some(gid) = tty_gid {
+        options += &format!(",gid={gid}");
+    }
+    mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some(options.as_str()),
+    )
+    .context("mount the jail's devpts")?;
+    let shm = dev.join("shm");
+    make_dir(&shm, 0o1777)?;
+    tmpfs(&shm, "mode=1777,size=64m")?;
+    let mqueue = dev.join("mqueue");
+    make_dir(&mqueue, 0o1777)?;
+    // The IPC namespace's own message queues; a tmpfs where the kernel has none.
+    if mount(
+        Some("mqueue"),
+        &mqueue,
+        Some("mqueue"),
+        hardened() | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .is_err()
+    {
+        tmpfs(&mqueue, "mode=1777,size=64k")?;
     }
     for (link, to) in [
         ("fd", "/proc/self/fd"),
@@ -208,16 +257,9 @@ pub(super) fn minimal_dev() -> Result<()> {
         ("stderr", "/proc/self/fd/2"),
         ("ptmx", "pts/ptmx"),
     ] {
-        std::os::unix::fs::symlink(to, staging.join(link)).with_context(|| format!("link /dev/{link}"))?;
+        std::os::unix::fs::symlink(to, dev.join(link)).with_context(|| format!("link /dev/{link}"))?;
     }
-    mount(
-        Some(staging),
-        "/dev",
-        None::<&str>,
-        MsFlags::MS_MOVE,
-        None::<&str>,
-    )
-    .context("move the jail's /dev")
+    Ok(())
 }
 
 #[cfg(test)]
@@ -229,5 +271,13 @@ mod tests {
         assert_eq!(unescape("/a\\040b/c\\011d"), PathBuf::from("/a b/c\td"));
         assert_eq!(unescape("/plain"), PathBuf::from("/plain"));
         assert_eq!(unescape("/trailing\\"), PathBuf::from("/trailing\\"));
+    }
+
+    #[test]
+    fn overlay_paths_without_separators_only() {
+        assert_eq!(overlay_path(Path::new("/home/u")).unwrap(), "/home/u");
+        for bad in ["/a,b", "/a:b", "/a\\b"] {
+            assert!(overlay_path(Path::new(bad)).is_err(), "{bad}");
+        }
     }
 }

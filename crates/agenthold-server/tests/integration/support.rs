@@ -157,7 +157,14 @@ impl Env {
 /// The `agenthold` binary with a clean environment: no sudo variables (tests that simulate sudo set
 /// them), no proxy variables, warnings only.
 pub(crate) fn agenthold() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_agenthold"));
+    clean(Command::new(AGENTHOLD))
+}
+
+/// The `agenthold` binary under test.
+pub(crate) const AGENTHOLD: &str = env!("CARGO_BIN_EXE_agenthold");
+
+/// `cmd` with the environment of [`agenthold`]: for a wrapper that ends up executing agenthold.
+pub(crate) fn clean(mut cmd: Command) -> Command {
     for var in [
         "SUDO_UID",
         "SUDO_GID",
@@ -215,31 +222,64 @@ impl Run<'_> {
         self
     }
 
+    /// `--share-home`.
+    pub(crate) fn share_home(mut self) -> Self {
+        self.flags.push("--share-home".into());
+        self
+    }
+
     /// An environment variable for agenthold itself (e.g. `SUDO_UID`).
     pub(crate) fn env(mut self, key: &str, value: &str) -> Self {
         self.vars.push((key.to_owned(), value.to_owned()));
         self
     }
 
-    /// The whole command line, `-- command…` last.
-    pub(crate) fn command(&self, command: &[&str]) -> Command {
+    /// The arguments of `agenthold` (from `run` on), `-- command…` last.
+    pub(crate) fn args(&self, command: &[&str]) -> Vec<OsString> {
         let env = self.env;
         let https = env.https.addr();
         let http = env.http.addr();
-        let mut cmd = agenthold();
-        cmd.arg("run")
-            .arg("--data-dir")
-            .arg(&self.data_dir)
-            .arg("--dns-upstream")
-            .arg(env.dns.addr().to_string())
-            .arg("--dangerous-upstream-ca")
-            .arg(&env.ca);
+        let mut args: Vec<OsString> = vec![
+            "run".into(),
+            "--data-dir".into(),
+            self.data_dir.clone().into(),
+            "--dns-upstream".into(),
+            env.dns.addr().to_string().into(),
+            "--dangerous-upstream-ca".into(),
+            env.ca.clone().into(),
+        ];
         for name in [API, OTHER] {
-            cmd.arg("--dangerous-connect-to")
-                .arg(format!("{name}:443={https}"));
-            cmd.arg("--dangerous-connect-to").arg(format!("{name}:80={http}"));
+            args.push("--dangerous-connect-to".into());
+            args.push(format!("{name}:443={https}").into());
+            args.push("--dangerous-connect-to".into());
+            args.push(format!("{name}:80={http}").into());
         }
-        cmd.args(&self.flags).arg("--").args(command);
+        args.extend(self.flags.iter().cloned());
+        args.push("--".into());
+        args.extend(command.iter().map(OsString::from));
+        args
+    }
+
+    /// `WRAPPER… agenthold run …` (e.g. `setsid -w -c`), with the environment and working directory of
+    /// [`Run::command`].
+    pub(crate) fn wrapped(&self, wrapper: &[&str], command: &[&str]) -> Command {
+        let (program, rest) = wrapper.split_first().expect("a wrapper program");
+        let mut cmd = clean(Command::new(program));
+        cmd.args(rest)
+            .arg(AGENTHOLD)
+            .args(self.args(command))
+            .current_dir(self.env.dir.path());
+        for (key, value) in &self.vars {
+            cmd.env(key, value);
+        }
+        cmd
+    }
+
+    /// The whole command line, `-- command…` last, started in the test's directory (the jail shows the
+    /// working directory, writable, and hides the rest of /tmp).
+    pub(crate) fn command(&self, command: &[&str]) -> Command {
+        let mut cmd = agenthold();
+        cmd.args(self.args(command)).current_dir(self.env.dir.path());
         for (key, value) in &self.vars {
             cmd.env(key, value);
         }

@@ -159,6 +159,7 @@ async fn python_requests_session_is_injected_on_every_request() {
         .secrets(api_secret())
         .env("API_TOKEN", &value)
         .log(&log)
+        .share_home()
         .output(&[python_with_requests(), &client, API])
         .await;
     out.expect_code(0);

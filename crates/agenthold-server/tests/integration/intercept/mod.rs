@@ -263,6 +263,12 @@ impl Jailed<'_> {
         self
     }
 
+    /// `--share-home`: for clients installed in root's home (pyenv's Python with `requests`).
+    pub(super) fn share_home(mut self) -> Self {
+        self.flags.push("--share-home".into());
+        self
+    }
+
     /// How long the run may take.
     pub(super) fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -284,6 +290,8 @@ impl Jailed<'_> {
                 .arg(format!("{name}:{port}={addr}"));
         }
         cmd.args(&self.flags).arg("--").args(command);
+        // The jail shows the working directory (the test's, with the clients' scripts) and hides /tmp.
+        cmd.current_dir(env.dir.path());
         for (key, value) in &self.vars {
             cmd.env(key, value);
         }
@@ -384,7 +392,8 @@ fn pem(label: &str, der: &[u8]) -> String {
 }
 
 /// A Python interpreter on this machine that has `requests` (the pyenv one, or the distribution's with
-/// python3-requests), by its real path: inside the jail no pyenv shim is needed.
+/// python3-requests), by its real path: inside the jail no pyenv shim is needed. The pyenv one lives in
+/// root's home, which the jail shows only with `--share-home` ([`Jailed::share_home`]).
 pub(super) fn python_with_requests() -> &'static str {
     static FOUND: OnceLock<String> = OnceLock::new();
     FOUND.get_or_init(|| {

@@ -67,6 +67,7 @@ async fn token_refresh_keeps_real_tokens_on_the_gateway() {
         .env("REFRESH_SRC", &refresh)
         .map(AUTH, 443, upstream.addr)
         .log(&log)
+        .share_home()
         .output(&[python_with_requests(), &harness, API, AUTH])
         .await;
     out.expect_code(0);

@@ -9,14 +9,33 @@
 //! nothing inside, so probes aimed at host processes get their pids from the test. Started by root
 //! without sudo, the command is uid 0 without capabilities; what protects the host then is tested here
 //! too: read-only system directories and kernel settings, the data directory (CA key, master key) and the
-//! `--secrets` file hidden, secret values scrubbed from the environment, host processes out of sight. The
-//! documented limit (it can still write root-owned files where writing is allowed) is asserted as such.
+//! `--secrets` file hidden, secret values scrubbed from the environment, host processes out of sight, and
+//! root-owned files writable in the working directory only.
+//!
+//! Issue 9: [`session`] (R1: own session, the relayed pty), [`view`] (R2: the allowlisted view, no host
+//! socket, private /tmp and home, `--share-home`), [`reach`] (R3: every data dir, the key files and the
+//! `--log` file out of reach, the log append-only).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::support::{API, Env, PYTHON, Run, status_field};
+
+mod reach;
+mod session;
+mod view;
+
+/// `out/` in the test's directory, writable by everyone (the sudo caller cannot write the test's
+/// directory itself): for files the command writes.
+fn writable_dir(env: &Env) -> PathBuf {
+    let dir = env.path("out");
+    if !dir.is_dir() {
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    dir
+}
 
 /// The uid and gid the tests give agenthold as its sudo caller (`nobody`/`nogroup` on Debian).
 const CALLER: &str = "65534";
@@ -143,8 +162,8 @@ async fn assert_all_fail_inside(env: &Env, run: Run<'_>, probes: &[Probe]) {
 }
 
 /// The host's network namespace bound onto a file in the test's directory (like `ip netns` does under
-/// /run/netns, which the jail hides): a handle on the host's namespace that the jail can see and open.
-/// Unmounted when dropped, also when the test fails.
+/// /run/netns, which the jail hides): a handle on the host's namespace. Unmounted when dropped, also when
+/// the test fails.
 struct HostNetnsFile {
     path: std::path::PathBuf,
 }
@@ -174,23 +193,30 @@ impl Drop for HostNetnsFile {
     }
 }
 
-// covers: issue 3 item 7 (no setns back to the host's network namespace)
+// covers: issue 3 item 7 (no setns back to the host's network namespace) R2 (mounts below the working
+// directory are not part of the jail's view)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and nftables: run with make test"]
 async fn cannot_setns_back_to_the_host_network_namespace() {
     let env = Env::new().await;
     // Host processes the command could aim at: this test (root, in the host's namespaces). Inside, its
     // /proc entry does not even exist (own PID namespace); pid 1 and $PPID are the jail's own init, in
-    // the sandbox's namespace. The bound namespace file is the one handle the jail does get: only the
-    // missing capability stops setns there.
+    // the sandbox's namespace. The bound namespace file below the working directory is not shown (the
+    // jail binds the working directory without what is mounted below it), so the test hands the command
+    // the handle as its stdin: then only the missing capability stops setns. Probes name it `$NETNS`
+    // (the bound file in the control).
     let me = std::process::id();
     let host_netns = HostNetnsFile::bind(&env);
     let file = host_netns.path.display().to_string();
+    let handle = format!("${{NETNS:-{file}}}");
     let probes = [
-        probe("nsenter_bound_host_netns", format!("nsenter --net={file} true")),
+        probe(
+            "nsenter_host_netns_handle",
+            format!("nsenter --net={handle} true"),
+        ),
         probe_jail_only(
             "userns_then_nsenter",
-            in_user_namespace(&format!("nsenter --net={file} true")),
+            in_user_namespace(&format!("nsenter --net={handle} true")),
         ),
         probe(
             "nsenter_net_test",
@@ -203,15 +229,44 @@ async fn cannot_setns_back_to_the_host_network_namespace() {
         probe_jail_only("nsenter_net_pid1", "nsenter --net=/proc/1/ns/net true"),
         probe_jail_only("nsenter_target_1", "nsenter -t 1 -n true"),
     ];
+    let script = env.path("setns-probes.sh");
+    std::fs::write(&script, probe_script(&probes)).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let control = in_control(&env, &probes).await;
     for caller in [false, true] {
         let who = if caller { "sudo caller" } else { "root" };
-        // The handle is there and opens: the jail sees the host's namespace file, as a namespace file.
-        let out = run_as(&env, caller)
-            .sh(&format!("stat -f -c %T {file} && exec 3<{file} && echo opened"))
-            .await;
+        let out = run_as(&env, caller).sh(&format!("stat -f -c %T {file}")).await;
         out.expect_code(0);
-        assert_eq!(out.stdout, "nsfs\nopened\n", "{who}: {out:#?}");
-        assert_all_fail_inside(&env, run_as(&env, caller), &probes).await;
+        assert_ne!(
+            out.stdout, "nsfs\n",
+            "{who}: a mount below the working directory is visible"
+        );
+        let mut cmd = run_as(&env, caller).command(&[
+            "sh",
+            "-c",
+            &format!(
+                "exec 7<&0; export NETNS=/proc/self/fd/7; stat -L -f -c %T $NETNS; sh {}",
+                script.display()
+            ),
+        ]);
+        cmd.stdin(std::fs::File::open(&host_netns.path).unwrap());
+        let out = crate::support::finish(cmd.spawn().unwrap()).await;
+        out.expect_code(0);
+        assert!(
+            out.stdout.starts_with("nsfs\n"),
+            "{who}: the handle did not arrive: {out:#?}"
+        );
+        let jail = parse_results(&out.stdout);
+        let mut problems = Vec::new();
+        for p in &probes {
+            if jail[&p.name].0 == 0 {
+                problems.push(format!("{who}: {}: SUCCEEDED inside the jail ({})", p.name, p.sh));
+            }
+            if p.control && control[&p.name].0 != 0 {
+                problems.push(format!("{}: the control failed too: proves nothing", p.name));
+            }
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
     }
 }
 
@@ -576,21 +631,22 @@ impl Drop for RemoveOnDrop {
 }
 
 /// The read-only directories of the jail that are real directories here. Written out again on purpose
-/// rather than read from `src/jail/fs.rs` `READ_ONLY`: a directory dropped from that list fails this test.
+/// rather than read from `src/jail/view.rs` `SYSTEM`: a directory dropped from that list fails this test.
 fn read_only_dirs() -> Vec<&'static str> {
-    [
-        "/etc",
-        "/usr",
-        "/bin",
-        "/sbin",
-        "/lib",
-        "/lib32",
-        "/lib64",
-        "/libx32",
+    real_dirs(&[
+        "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/sys",
+    ])
+}
+
+/// Host directories outside the jail's allowlist (R2) that are real directories here: absent inside or
+/// empty on the read-only root. (`/root`, the home of root, is a private one inside: see `view.rs`.)
+fn hidden_dirs() -> Vec<&'static str> {
+    real_dirs(&[
         "/boot",
-        "/root",
-        "/opt",
         "/srv",
+        "/mnt",
+        "/media",
+        "/home",
         "/var/lib",
         "/var/spool",
         "/var/cache",
@@ -599,11 +655,14 @@ fn read_only_dirs() -> Vec<&'static str> {
         "/var/opt",
         "/var/backups",
         "/var/local",
-        "/sys",
-    ]
-    .into_iter()
-    .filter(|d| std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir()))
-    .collect()
+    ])
+}
+
+fn real_dirs(dirs: &[&'static str]) -> Vec<&'static str> {
+    dirs.iter()
+        .copied()
+        .filter(|d| std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir()))
+        .collect()
 }
 
 /// Whether this process (root, all capabilities) may write `path` as far as the kernel says (access(2)).
@@ -620,20 +679,20 @@ fn probe_name(prefix: &str, path: &str) -> String {
     name
 }
 
-/// Panics listing every probe of `names` that worked in the jail, or whose output does not contain
-/// `error` (the kernel's reason: it shows what stopped the probe).
+/// Panics listing every probe of `names` that worked in the jail, or whose output contains none of
+/// `errors` (the kernel's reason: it shows what stopped the probe).
 #[track_caller]
-fn assert_failed_with(jail: &Results, names: &[String], error: &str) {
+fn assert_failed_with(jail: &Results, names: &[String], errors: &[&str]) {
     let wrong: Vec<String> = names
         .iter()
         .filter_map(|n| {
             let (rc, out) = &jail[n];
-            (*rc == 0 || !out.contains(error)).then(|| format!("{n}: rc={rc} {out}"))
+            (*rc == 0 || !errors.iter().any(|e| out.contains(e))).then(|| format!("{n}: rc={rc} {out}"))
         })
         .collect();
     assert!(
         wrong.is_empty(),
-        "expected each to fail with {error:?}:\n{}",
+        "expected each to fail with one of {errors:?}:\n{}",
         wrong.join("\n")
     );
 }
@@ -645,17 +704,24 @@ fn assert_failed_with(jail: &Results, names: &[String], error: &str) {
 async fn root_without_sudo_cannot_write_system_directories() {
     let env = Env::new().await;
     let unique = unique_name(&env);
-    // Directories to write into: every read-only one (and a deeper one) the host itself may write.
+    // Directories to write into: every read-only and every hidden one (and a deeper one) the host itself
+    // may write.
     let mut dirs: Vec<String> = read_only_dirs()
         .into_iter()
+        .chain(hidden_dirs())
         .filter(|d| *d != "/sys")
         .map(str::to_owned)
         .collect();
     dirs.extend(
-        ["/usr/local/bin", "/etc/cron.d", "/var/lib/dpkg"]
-            .into_iter()
-            .filter(|d| Path::new(d).is_dir())
-            .map(str::to_owned),
+        [
+            "/usr/local/bin",
+            "/etc/cron.d",
+            "/var/lib/dpkg",
+            "/var/spool/cron",
+        ]
+        .into_iter()
+        .filter(|d| Path::new(d).is_dir())
+        .map(str::to_owned),
     );
     dirs.retain(|d| host_may_write(Path::new(d)));
     assert!(
@@ -730,12 +796,32 @@ async fn root_without_sudo_cannot_write_system_directories() {
         "{}\nplanted on the host: {left:?}",
         problems.join("\n")
     );
-    assert_failed_with(&jail, &writes, "Read-only file system");
+    // Below a read-only directory the mount says no; a hidden one is either absent or an empty
+    // directory of the read-only root.
+    let system = read_only_dirs();
+    let (mut read_only, mut hidden) = (Vec::new(), Vec::new());
+    for (dir, name) in dirs.iter().zip(writes) {
+        if system.iter().any(|s| Path::new(dir).starts_with(s)) {
+            read_only.push(name);
+        } else {
+            hidden.push(name);
+        }
+    }
+    assert_failed_with(&jail, &read_only, &["Read-only file system"]);
+    assert_failed_with(
+        &jail,
+        &hidden,
+        &[
+            "Read-only file system",
+            "No such file or directory",
+            "Directory nonexistent",
+        ],
+    );
 }
 
-/// Mount points below the jail's read-only directories that are writable on the host.
+/// Mount points below the jail's read-only and hidden directories that are writable on the host.
 fn writable_submounts() -> Vec<String> {
-    let roots = read_only_dirs();
+    let roots: Vec<&str> = read_only_dirs().into_iter().chain(hidden_dirs()).collect();
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let mut points: Vec<String> = info
         .lines()
@@ -846,7 +932,7 @@ async fn root_without_sudo_cannot_change_kernel_settings() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
-    assert_failed_with(&jail, &writes, "Read-only file system");
+    assert_failed_with(&jail, &writes, &["Read-only file system"]);
 }
 
 /// Writes `text` to `path` with `mode`.
@@ -908,6 +994,23 @@ async fn root_without_sudo_cannot_read_keys_or_the_secrets_file() {
         probe_jail_only(
             "userns_umount_secrets",
             in_user_namespace(&format!("umount {s}; test -s {s}")),
+        ),
+        // A copy of the working directory's mount without what covers the data dir: a bind that is not
+        // recursive, or an overlay on it (the kernel refuses both: the covers are locked).
+        probe_jail_only(
+            "userns_bind_under_cover",
+            in_user_namespace(&format!(
+                "mkdir -p /tmp/peek && mount --bind {w} /tmp/peek && test -s /tmp/peek/data/egress/ca.key",
+                w = env.dir.path().display()
+            )),
+        ),
+        probe_jail_only(
+            "userns_overlay_under_cover",
+            in_user_namespace(&format!(
+                "mkdir -p /tmp/peek /tmp/empty && mount -t overlay x -o lowerdir={w}:/tmp/empty /tmp/peek \
+                 && test -s /tmp/peek/data/egress/ca.key",
+                w = env.dir.path().display()
+            )),
         ),
     ];
     let run = || {
@@ -1069,10 +1172,11 @@ async fn cannot_see_or_signal_host_processes() {
     victim.kill().await.unwrap();
 }
 
-// covers: issue 3 item 7 (writable on purpose: the working directory, /tmp, /var/tmp)
+// covers: issue 3 item 7 R2 (writable on purpose: the working directory, on the host; /tmp, /var/tmp and
+// the home, privately)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and nftables: run with make test"]
-async fn working_directory_and_tmp_stay_writable() {
+async fn working_directory_stays_writable_and_tmp_is_private() {
     let env = Env::new().await;
     let cwd = env.path("workdir");
     std::fs::create_dir(&cwd).unwrap();
@@ -1080,7 +1184,7 @@ async fn working_directory_and_tmp_stay_writable() {
     let script = format!(
         "echo relative > in-cwd && echo absolute > {c}/by-path && mkdir sub && echo nested > sub/file \
          && echo tmp=$(mktemp /tmp/agenthold-it-XXXXXX) && echo vartmp=$(mktemp /var/tmp/agenthold-it-XXXXXX) \
-         && test -w /home && echo home-ok",
+         && test -w \"$HOME\" && echo home-ok",
         c = cwd.display()
     );
     let out = env.run().output_in(&cwd, &["sh", "-c", &script]).await;
@@ -1107,11 +1211,12 @@ async fn working_directory_and_tmp_stay_writable() {
             "{}",
             file.display()
         );
-        assert!(file.is_file(), "{} is not on the host", file.display());
+        assert!(!file.exists(), "{} reached the host", file.display());
     }
 }
 
-// covers: issue 3 item 7 (the working directory stays writable, also below a read-only directory)
+// covers: issue 3 item 7 R2 (the working directory stays writable, also below a directory the jail
+// hides; its siblings there stay out of reach)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and nftables: run with make test"]
 async fn working_directory_below_a_read_only_directory_stays_writable() {
@@ -1129,7 +1234,8 @@ async fn working_directory_below_a_read_only_directory_stays_writable() {
         probe_jail_only("after_cd", format!("cd {c} && echo x > after-cd")),
         probe_jail_only("test_w", format!("test -w {c}")),
     ];
-    let path = env.path("cwd-probes.sh");
+    // The script lives in the working directory: the test's own directory is not in the jail's view.
+    let path = cwd.path().join("cwd-probes.sh");
     std::fs::write(&path, probe_script(&probes)).unwrap();
     let out = env
         .run()
@@ -1156,12 +1262,12 @@ async fn working_directory_below_a_read_only_directory_stays_writable() {
     );
 }
 
-// covers: issue 3 item 7, documented known limit (src/jail.rs module docs): started by root without sudo,
-// the command is uid 0 without capabilities and may still write root-owned files where writing is
-// allowed (/tmp, /home, the working directory); through sudo it runs as the caller and may not.
+// covers: issue 3 item 7 R2: started by root without sudo, the command is uid 0 without capabilities, and
+// the working directory is writable on purpose: root-owned files there are writable too (and nowhere
+// else, see `view.rs`); through sudo it runs as the caller and may not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs root and nftables: run with make test"]
-async fn known_limit_root_caller_writes_root_owned_files_in_writable_places() {
+async fn root_without_sudo_writes_root_owned_files_only_in_the_working_directory() {
     let env = Env::new().await;
     let victim = env.path("root-owned.conf");
     write_mode(&victim, "original\n", 0o644);
@@ -1173,7 +1279,7 @@ async fn known_limit_root_caller_writes_root_owned_files_in_writable_places() {
             f = file.display()
         )
     };
-    // Root without sudo: the limit, as documented.
+    // Root without sudo: the working directory is its to write, root's files in it included.
     let out = env.run().sh(&script(&planted)).await;
     out.expect_code(0);
     assert_eq!(out.stdout, "0\n", "{out:#?}");
@@ -1182,7 +1288,7 @@ async fn known_limit_root_caller_writes_root_owned_files_in_writable_places() {
         std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&planted).unwrap()),
         0
     );
-    // The documented remedy: through sudo the command is the caller, and root's files are out of reach.
+    // Through sudo the command is the caller, and root's files are out of reach.
     let out = as_caller(env.run()).sh(&script(&planted_by_caller)).await;
     assert_ne!(out.code, Some(0), "{out:#?}");
     assert!(out.stderr.contains("Permission denied"), "{out:#?}");
