@@ -374,8 +374,10 @@ async fn splice_registered<C: ClientStream>(
     registration: Option<Registration>,
 ) {
     let gw = &flow.gw;
-    let registration = registration.unwrap_or_else(|| gw.open.register(&flow.agent, target, flow.port));
-    pending.opened();
+    let registration = match registration {
+        Some(r) => r,
+        None => gw.open.register_logged(pending, &flow.agent, target, flow.port),
+    };
     if let Err(e) = upstream.write_all(&prefix).await {
         pending.entry.fail(format!("upstream: {e}"));
         return;
@@ -429,7 +431,10 @@ async fn server_first<C: ClientStream>(flow: Flow, mut client: C, upstream: Dial
     };
     let mut pending = PendingEntry::new(&flow.gw.log, entry);
     // Open from now on: a policy change closes it while it waits, too (E21).
-    let registration = flow.gw.open.register(&flow.agent, &target, flow.port);
+    let registration = flow
+        .gw
+        .open
+        .register_logged(&mut pending, &flow.agent, &target, flow.port);
     let mut buf = BytesMut::with_capacity(4096);
     let mut greeting = vec![0u8; 4096];
     let mut spoke = false;
@@ -442,10 +447,7 @@ async fn server_first<C: ClientStream>(flow: Flow, mut client: C, upstream: Dial
             },
             read = upstream.read(&mut greeting) => match read {
                 Ok(n) if n > 0 => {
-                    if !spoke {
-                        pending.opened();
-                        spoke = true;
-                    }
+                    spoke = true;
                     if client.write_all(greeting.get(..n).unwrap_or_default()).await.is_err() {
                         return;
                     }

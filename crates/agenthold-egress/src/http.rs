@@ -418,8 +418,7 @@ async fn forward(
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         let idle = gw.timeouts.idle;
         let cancel = ctx.cancel.clone();
-        let registration = gw.open.register(&ctx.agent, target, port);
-        pending.opened();
+        let registration = gw.open.register_logged(&mut pending, &ctx.agent, target, port);
         tokio::spawn(async move {
             let _permit = ws_permit;
             let revoked = tokio::select! {

@@ -1,16 +1,18 @@
 //! The request log (E16): per agent, the newest `log_keep` entries within `log_max_bytes`, readable as a
 //! snapshot and as a live stream, serialisable as JSON lines.
 //!
-//! Every DNS query, connection and HTTP request the gateway decides on is one [`LogEntry`]. A long-lived
-//! connection (spliced TLS or TCP, a CONNECT tunnel, a WebSocket) is recorded twice: when it opens
-//! (`phase: open`) and when it closes (`phase: closed`, with the bytes that crossed each way, and the reason
-//! `revoked` when a policy change closed it).
+//! Every DNS query, connection and HTTP request the gateway decides on is one [`LogEntry`]. Spliced TLS or
+//! TCP, CONNECT tunnels and WebSockets are recorded when they close, with the bytes that crossed each way
+//! (and the reason `revoked` when a policy change closed them); one still open a second after it started
+//! is also recorded then, as `phase: open` (stamped with its start), and its entry at the close says
+//! `phase: closed`.
 //!
 //! Memory is bounded (E20): text fields are cut to [`MAX_HOST`], [`MAX_METHOD`], [`MAX_PATH`] and
 //! [`MAX_REASON`] bytes (a cut field ends with `…`), and each agent's ring holds at most `keep` entries and
 //! `max_bytes` bytes of them; what falls out is counted per agent ([`RequestLog::dropped`]).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use agenthold_core::AgentId;
@@ -223,6 +225,8 @@ pub(crate) struct PendingEntry {
     pub(crate) entry: LogEntry,
     pub(crate) counters: Arc<Counters>,
     discarded: bool,
+    /// Set once the connection's `open` entry was written.
+    announced: Option<Arc<AtomicBool>>,
 }
 
 impl PendingEntry {
@@ -232,19 +236,20 @@ impl PendingEntry {
             entry,
             counters: Arc::default(),
             discarded: false,
+            announced: None,
         }
     }
 
-    /// The connection is long-lived: record its `open` entry now; the entry recorded at the end is its
-    /// `closed` entry.
-    pub(crate) fn opened(&mut self) {
-        if self.entry.phase.is_some() {
-            return;
+    /// The `open` entry of the connection this entry logs (to be written once it is long-lived, see
+    /// `crate::open`), and the flag that says it was: this entry is then recorded as the `closed` one.
+    pub(crate) fn announcement(&mut self) -> Announcement {
+        let mut entry = self.entry.clone();
+        entry.phase = Some(Phase::Open);
+        Announcement {
+            log: Arc::clone(&self.log),
+            entry,
+            done: Arc::clone(self.announced.get_or_insert_with(Arc::default)),
         }
-        let mut open = self.entry.clone();
-        open.phase = Some(Phase::Open);
-        self.log.record(open);
-        self.entry.phase = Some(Phase::Closed);
     }
 
     /// A policy change closed the connection (E21).
@@ -258,10 +263,38 @@ impl PendingEntry {
     }
 }
 
+/// The `open` entry of a long-lived connection, written once by the sweep of `crate::open`.
+#[derive(Debug)]
+pub(crate) struct Announcement {
+    log: Arc<RequestLog>,
+    entry: LogEntry,
+    /// Set when it is written (before it is), so that the closing entry says `closed`.
+    done: Arc<AtomicBool>,
+}
+
+impl Announcement {
+    /// Say it is being written: from now on the closing entry says `closed`, whenever it comes.
+    pub(crate) fn claim(&self) {
+        self.done.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Write the entry.
+    pub(crate) fn write(self) {
+        self.log.record(self.entry);
+    }
+}
+
 impl Drop for PendingEntry {
     fn drop(&mut self) {
         if self.discarded {
             return;
+        }
+        if self
+            .announced
+            .as_ref()
+            .is_some_and(|a| a.load(std::sync::atomic::Ordering::Acquire))
+        {
+            self.entry.phase = Some(Phase::Closed);
         }
         (self.entry.bytes_up, self.entry.bytes_down) = self.counters.get();
         self.log.record(self.entry.clone());

@@ -2,19 +2,27 @@
 //! streaming response is registered here with what it was allowed to reach, and a sweep closes those the
 //! agent's current policy no longer allows, within [`SWEEP_EVERY`] of the change, whatever the policy
 //! implementation (nothing has to announce the change).
+//!
+//! The same sweep makes long-lived connections visible in the request log: a connection still open
+//! [`ANNOUNCE_AFTER`] after it started gets its `open` entry (stamped with its start), and its entry at the
+//! close then says `phase: closed`. Short connections keep the one entry written when they close.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use agenthold_core::AgentId;
 use tokio_util::sync::CancellationToken;
 
 use crate::gateway::{Shared, Target};
+use crate::log::{Announcement, PendingEntry};
 
 /// How often open connections are checked against the policy.
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_millis(250);
+
+/// How long a connection must be open before its `open` entry is written.
+pub(crate) const ANNOUNCE_AFTER: Duration = Duration::from_secs(1);
 
 struct Entry {
     agent: AgentId,
@@ -22,6 +30,9 @@ struct Entry {
     port: u16,
     revoke: CancellationToken,
     revoked: Arc<AtomicBool>,
+    /// The `open` entry to write once the connection is long-lived.
+    announce: Option<Announcement>,
+    started: Instant,
 }
 
 /// The registry.
@@ -58,8 +69,32 @@ impl Drop for Registration {
 }
 
 impl OpenConnections {
-    /// Register a connection `agent` holds to `target:port`.
+    /// Register a connection `agent` holds to `target:port` whose closing entry is `pending`: once it is
+    /// long-lived its `open` entry is written, and `pending` then becomes its `closed` entry.
+    pub(crate) fn register_logged(
+        self: &Arc<Self>,
+        pending: &mut PendingEntry,
+        agent: &AgentId,
+        target: &Target,
+        port: u16,
+    ) -> Registration {
+        let announcement = pending.announcement();
+        self.insert(agent, target, port, Some(announcement))
+    }
+
+    /// Register a stream `agent` holds to `target:port` (revocable; logged as its request, not as a
+    /// connection).
     pub(crate) fn register(self: &Arc<Self>, agent: &AgentId, target: &Target, port: u16) -> Registration {
+        self.insert(agent, target, port, None)
+    }
+
+    fn insert(
+        self: &Arc<Self>,
+        agent: &AgentId,
+        target: &Target,
+        port: u16,
+        announce: Option<Announcement>,
+    ) -> Registration {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let revoke = CancellationToken::new();
         let revoked = Arc::new(AtomicBool::new(false));
@@ -74,6 +109,8 @@ impl OpenConnections {
                     port,
                     revoke: revoke.clone(),
                     revoked: Arc::clone(&revoked),
+                    announce,
+                    started: Instant::now(),
                 },
             );
         Registration {
@@ -93,24 +130,38 @@ impl OpenConnections {
             .count()
     }
 
-    /// Revoke every open connection the policy now denies; returns how many.
+    /// Write the `open` entry of every connection that became long-lived, and revoke every open connection
+    /// the policy now denies; returns how many were revoked.
     pub(crate) fn sweep(&self, gw: &Shared) -> usize {
-        let snapshot: Vec<(AgentId, Target, u16, CancellationToken, Arc<AtomicBool>)> = self
-            .entries
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .filter(|e| !e.revoke.is_cancelled())
-            .map(|e| {
-                (
-                    e.agent.clone(),
-                    e.target.clone(),
-                    e.port,
-                    e.revoke.clone(),
-                    Arc::clone(&e.revoked),
-                )
-            })
-            .collect();
+        let mut announce = Vec::new();
+        let snapshot: Vec<(AgentId, Target, u16, CancellationToken, Arc<AtomicBool>)> = {
+            let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+            for e in entries.values_mut() {
+                if e.started.elapsed() >= ANNOUNCE_AFTER
+                    && let Some(a) = e.announce.take()
+                {
+                    a.claim();
+                    announce.push(a);
+                }
+            }
+            entries
+                .values()
+                .filter(|e| !e.revoke.is_cancelled())
+                .map(|e| {
+                    (
+                        e.agent.clone(),
+                        e.target.clone(),
+                        e.port,
+                        e.revoke.clone(),
+                        Arc::clone(&e.revoked),
+                    )
+                })
+                .collect()
+        };
+        // Written outside the registry's lock (recording takes the log's).
+        for a in announce {
+            a.write();
+        }
         let mut revoked = 0;
         for (agent, target, port, token, flag) in snapshot {
             if !gw.decide(&agent, &target, port).is_allowed() {

@@ -437,8 +437,12 @@ pub(crate) fn read_log(path: &Path) -> Vec<serde_json::Value> {
 }
 
 /// Log entries whose `host` is `host`.
+/// One-shot entries and long-lived connections' closing entries for `host` (the `phase: open` entry a
+/// connection writes when it starts is left out).
 pub(crate) fn entries_for<'a>(log: &'a [serde_json::Value], host: &str) -> Vec<&'a serde_json::Value> {
-    log.iter().filter(|e| e["host"] == host).collect()
+    log.iter()
+        .filter(|e| e["host"] == host && e["phase"] != "open")
+        .collect()
 }
 
 /// The value of `Key:` in a `/proc/PID/status` dump.
