@@ -450,15 +450,29 @@ async fn forward(
     };
     if bodiless {
         scrub::scrub_headers(&redactor, resp.headers_mut());
-    } else if let Err(scrub::Unscannable(why)) = scrub::response_headers(&redactor, resp.headers_mut()) {
+        let (parts, inner) = resp.into_parts();
+        return Response::from_parts(parts, body(inner, pending));
+    }
+    let whole = scrub::whole_length(resp.headers());
+    if let Err(scrub::Unscannable(why)) = scrub::response_headers(&redactor, resp.headers_mut()) {
         pending.entry.fail(why);
         return refuse_pending(pending, StatusCode::BAD_GATEWAY, why);
     }
-    let (parts, inner) = resp.into_parts();
-    Response::from_parts(
-        parts,
-        scrub::RedactedBody::new(body(inner, pending), &redactor).boxed(),
-    )
+    let (mut parts, inner) = resp.into_parts();
+    let streamed = body(inner, pending);
+    if whole {
+        // A short answer of known length is read whole, scrubbed, and keeps an exact length.
+        return match scrub::whole(streamed, &redactor, gw.timeouts.idle).await {
+            Ok(bytes) => {
+                parts
+                    .headers
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                Response::from_parts(parts, full(bytes))
+            }
+            Err(why) => answer(StatusCode::BAD_GATEWAY, &why),
+        };
+    }
+    Response::from_parts(parts, scrub::RedactedBody::new(streamed, &redactor).boxed())
 }
 
 /// Answer and log a request the pooled client could not deliver: a guard refusal is a denial (403), any

@@ -73,6 +73,43 @@ pub(crate) fn scrub_headers(redactor: &Redactor, headers: &mut HeaderMap) {
     }
 }
 
+/// Answers up to this long, of known length, are read whole and keep an exact `Content-Length`.
+pub(crate) const WHOLE_MAX: u64 = 64 * 1024;
+
+/// Whether an answer with these headers is read whole (a `Content-Length` of at most [`WHOLE_MAX`]).
+pub(crate) fn whole_length(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .is_some_and(|n| n <= WHOLE_MAX)
+}
+
+/// Read a short body whole (within `idle`) and scrub it; the error says why it could not be read.
+pub(crate) async fn whole(
+    mut body: ProxyBody,
+    redactor: &Redactor,
+    idle: std::time::Duration,
+) -> Result<Bytes, String> {
+    let read = async {
+        let mut out = Vec::new();
+        while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+            let frame = frame.map_err(|e| format!("upstream body: {e}"))?;
+            if let Ok(data) = frame.into_data() {
+                out.extend_from_slice(&data);
+                if out.len() as u64 > WHOLE_MAX {
+                    return Err("upstream body longer than its Content-Length".to_owned());
+                }
+            }
+        }
+        Ok(out)
+    };
+    let bytes = tokio::time::timeout(idle, read)
+        .await
+        .map_err(|_| "upstream body timed out".to_owned())??;
+    Ok(Bytes::from(redactor.redact(&bytes).unwrap_or(bytes)))
+}
+
 /// A response body with every form replaced as it streams.
 pub(crate) struct RedactedBody {
     inner: ProxyBody,
@@ -456,6 +493,29 @@ mod tests {
         let text = String::from_utf8_lossy(&text);
         assert_eq!(text, format!("data: {{\"k\":\"{PLACEHOLDER}\"}}\n\ndone"));
         assert_eq!(trailers["x-echo"], PLACEHOLDER);
+    }
+
+    // covers: E19
+    #[tokio::test]
+    async fn short_answers_are_read_whole_and_keep_a_length() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(WHOLE_MAX));
+        assert!(whole_length(&h));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(WHOLE_MAX + 1));
+        assert!(!whole_length(&h));
+        assert!(!whole_length(&HeaderMap::new()));
+        let value = VALUE.as_bytes();
+        let inner = body(&[b"{\"echo\":\"", &value[..5], &value[5..], b"\"}"], None);
+        let out = whole(inner, &redactor(), std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(out, format!("{{\"echo\":\"{PLACEHOLDER}\"}}").as_bytes());
+        let too_long = body(&[&vec![b'x'; 70_000]], None);
+        assert!(
+            whole(too_long, &redactor(), std::time::Duration::from_secs(5))
+                .await
+                .is_err()
+        );
     }
 
     // covers: E19
