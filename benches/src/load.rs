@@ -179,16 +179,30 @@ async fn finish(mut tasks: tokio::task::JoinSet<(u64, u64)>, duration: Duration)
     })
 }
 
-/// Reads one `200` response (head and `content-length` body) from `stream`; bytes beyond it stay in
-/// `buf`. With `to_end`, then reads until the server closes (a `Connection: close` exchange), so that the
-/// server, not the client, closes first and the client never holds a port in TIME_WAIT.
+/// Read more of a response into `buf`; end of stream is an error.
+async fn read_more<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+    chunk: &mut [u8],
+) -> io::Result<()> {
+    let n = stream.read(chunk).await?;
+    if n == 0 {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(())
+}
+
+/// Reads one `200` response (head, and a `content-length` or chunked body) from `stream`; bytes beyond it
+/// stay in `buf`. With `to_end`, then reads until the server closes (a `Connection: close` exchange), so
+/// that the server, not the client, closes first and the client never holds a port in TIME_WAIT.
 pub async fn read_response<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut Vec<u8>,
     to_end: bool,
 ) -> io::Result<()> {
     let mut chunk = [0u8; 8192];
-    let need = loop {
+    let (head, length) = loop {
         let mut headers = [httparse::EMPTY_HEADER; 16];
         let mut response = httparse::Response::new(&mut headers);
         match response.parse(buf) {
@@ -200,9 +214,15 @@ pub async fn read_response<S: AsyncRead + AsyncWrite + Unpin>(
                     .headers
                     .iter()
                     .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-                    .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok())
-                    .ok_or_else(|| io::Error::other("no content-length"))?;
-                break head + length;
+                    .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok());
+                let chunked = response.headers.iter().any(|h| {
+                    h.name.eq_ignore_ascii_case("transfer-encoding")
+                        && h.value.eq_ignore_ascii_case(b"chunked")
+                });
+                if length.is_none() && !chunked {
+                    return Err(io::Error::other("neither content-length nor chunked"));
+                }
+                break (head, length);
             }
             Ok(httparse::Status::Partial) => {}
             Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e)),
@@ -213,12 +233,37 @@ pub async fn read_response<S: AsyncRead + AsyncWrite + Unpin>(
         }
         buf.extend_from_slice(&chunk[..n]);
     };
-    while buf.len() < need {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
+    let need = match length {
+        Some(length) => head + length,
+        // Chunked (what an intercepting gateway sends when it may change a body's length): walk the chunks
+        // to the last one and its final empty line.
+        None => {
+            let mut at = head;
+            loop {
+                match httparse::parse_chunk_size(buf.get(at..).unwrap_or_default()) {
+                    Ok(httparse::Status::Complete((used, 0))) => {
+                        let end = at + used + 2;
+                        while buf.len() < end {
+                            read_more(stream, buf, &mut chunk).await?;
+                        }
+                        break end;
+                    }
+                    Ok(httparse::Status::Complete((used, size))) => {
+                        let size = usize::try_from(size).map_err(io::Error::other)?;
+                        let next = at + used + size + 2;
+                        while buf.len() < next {
+                            read_more(stream, buf, &mut chunk).await?;
+                        }
+                        at = next;
+                    }
+                    Ok(httparse::Status::Partial) => read_more(stream, buf, &mut chunk).await?,
+                    Err(_) => return Err(io::Error::new(io::ErrorKind::InvalidData, "bad chunk size")),
+                }
+            }
         }
-        buf.extend_from_slice(&chunk[..n]);
+    };
+    while buf.len() < need {
+        read_more(stream, buf, &mut chunk).await?;
     }
     buf.drain(..need);
     if to_end {

@@ -435,14 +435,12 @@ async fn forward(
     }
     strip_hop_by_hop(resp.headers_mut(), false);
     let bodiless = head_only || matches!(resp.status().as_u16(), 204 | 304);
+    // Short answers of known length end on their own; only the others (event streams, downloads) are
+    // worth registering for revocation.
+    let short = scrub::whole_length(resp.headers());
     let body = |inner, pending| {
-        LoggedBody::new(
-            inner,
-            pending,
-            request_permit,
-            gw.open.register(&ctx.agent, target, port),
-        )
-        .boxed()
+        let registration = (!short).then(|| gw.open.register(&ctx.agent, target, port));
+        LoggedBody::new(inner, pending, request_permit, registration).boxed()
     };
     let Some(redactor) = redactor else {
         let (parts, inner) = resp.into_parts();
@@ -453,16 +451,16 @@ async fn forward(
         let (parts, inner) = resp.into_parts();
         return Response::from_parts(parts, body(inner, pending));
     }
-    let whole = scrub::whole_length(resp.headers());
     if let Err(scrub::Unscannable(why)) = scrub::response_headers(&redactor, resp.headers_mut()) {
         pending.entry.fail(why);
         return refuse_pending(pending, StatusCode::BAD_GATEWAY, why);
     }
     let (mut parts, inner) = resp.into_parts();
     let streamed = body(inner, pending);
-    if whole {
-        // A short answer of known length is read whole, scrubbed, and keeps an exact length.
-        return match scrub::whole(streamed, &redactor, gw.timeouts.idle).await {
+    if short {
+        // A short answer of known length is read whole, scrubbed, and keeps an exact length. (A stalled
+        // upstream is bounded by the client connection's idle timeout, which drops this future.)
+        return match scrub::whole(streamed, &redactor).await {
             Ok(bytes) => {
                 parts
                     .headers

@@ -276,8 +276,8 @@ pub(crate) struct LoggedBody {
     inner: Incoming,
     pending: PendingEntry,
     _permit: RequestPermit,
-    registration: Registration,
-    revoked: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// With the future that fires when it is revoked (streams only: short answers end on their own).
+    revocable: Option<(Registration, Pin<Box<WaitForCancellationFutureOwned>>)>,
 }
 
 impl LoggedBody {
@@ -285,15 +285,17 @@ impl LoggedBody {
         inner: Incoming,
         pending: PendingEntry,
         permit: RequestPermit,
-        registration: Registration,
+        registration: Option<Registration>,
     ) -> Self {
-        let revoked = Box::pin(registration.revoke.clone().cancelled_owned());
+        let revocable = registration.map(|r| {
+            let fired = Box::pin(r.revoke.clone().cancelled_owned());
+            (r, fired)
+        });
         Self {
             inner,
             pending,
             _permit: permit,
-            registration,
-            revoked,
+            revocable,
         }
     }
 }
@@ -306,7 +308,11 @@ impl Body for LoggedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.revoked.as_mut().poll(cx).is_ready() && self.registration.was_revoked() {
+        let revoked = self
+            .revocable
+            .as_mut()
+            .is_some_and(|(r, fired)| fired.as_mut().poll(cx).is_ready() && r.was_revoked());
+        if revoked {
             self.pending.revoked();
             return Poll::Ready(Some(Err(
                 "revoked: the agent's policy no longer allows this host".into(),

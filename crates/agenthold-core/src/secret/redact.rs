@@ -58,6 +58,8 @@ pub struct Redactor {
     starts: Box<[bool; 256]>,
     /// Length of the longest pattern.
     longest: usize,
+    /// Length of the shortest pattern: shorter inputs cannot contain one.
+    shortest: usize,
 }
 
 impl fmt::Debug for Redactor {
@@ -108,12 +110,14 @@ impl Redactor {
             }
         }
         let longest = patterns.iter().map(|p| p.len()).max().unwrap_or(0);
+        let shortest = patterns.iter().map(|p| p.len()).min().unwrap_or(0);
         Some(Self {
             matcher,
             replacement,
             patterns,
             starts,
             longest,
+            shortest,
         })
     }
 
@@ -127,6 +131,10 @@ impl Redactor {
     /// header value).
     #[must_use]
     pub fn redact(&self, input: &[u8]) -> Option<Vec<u8>> {
+        // Most header values (dates, content types) are shorter than any form: no scan needed.
+        if input.len() < self.shortest {
+            return None;
+        }
         let mut out = None;
         let last = self.replace_into(input, &mut out);
         let mut out = out?;
