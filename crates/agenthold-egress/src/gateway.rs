@@ -433,7 +433,10 @@ impl GatewayBuilder {
         });
         let root = CancellationToken::new();
         let tasks = TaskTracker::new();
-        tasks.spawn(OpenConnections::sweep_forever(Arc::clone(&shared), root.clone()));
+        tasks.spawn(OpenConnections::sweep_forever(
+            Arc::downgrade(&shared),
+            root.clone(),
+        ));
         Ok(Gateway {
             shared,
             upstream,

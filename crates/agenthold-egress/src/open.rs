@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use agenthold_core::AgentId;
@@ -173,8 +173,10 @@ impl OpenConnections {
         revoked
     }
 
-    /// Run [`OpenConnections::sweep`] every [`SWEEP_EVERY`] until `stop` fires.
-    pub(crate) async fn sweep_forever(gw: Arc<Shared>, stop: CancellationToken) {
+    /// Run [`OpenConnections::sweep`] every [`SWEEP_EVERY`] until `stop` fires or the gateway is gone. It
+    /// holds the gateway's state weakly: dropping the gateway releases what it holds (the injector, and
+    /// through it an embedder's store) at once, not at this task's next tick.
+    pub(crate) async fn sweep_forever(gw: Weak<Shared>, stop: CancellationToken) {
         let mut tick = tokio::time::interval(SWEEP_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -182,6 +184,7 @@ impl OpenConnections {
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
+            let Some(gw) = gw.upgrade() else { return };
             let n = gw.open.sweep(&gw);
             if n > 0 {
                 tracing::debug!(revoked = n, "policy change closed open connections");

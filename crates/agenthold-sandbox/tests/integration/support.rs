@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use agenthold_core::sandbox::{ExecOutput, ExecRequest};
-use agenthold_core::secret::{SecretRule, SecretSpec};
+use agenthold_core::secret::{AlsoIn, SecretRule, SecretSpec};
 use agenthold_core::{AgentId, Config, NetworkPolicy, PolicyMode, SandboxSpec};
 use agenthold_egress::Dangerous;
 use agenthold_sandbox::Runtime;
@@ -128,9 +128,12 @@ pub fn allowlist() -> NetworkPolicy {
     NetworkPolicy::parse(PolicyMode::Allowlist, &[ALLOWED, "*.allowed.test"]).expect("valid allowlist")
 }
 
-/// A secret injected as `Authorization: Bearer …` for `allowed.test`, its placeholder in `API_KEY`.
+/// A secret injected as `Authorization: Bearer …` for `allowed.test`, its placeholder in `API_KEY`, also
+/// replaced in the `X-Key` header and the `key` query parameter (`also_in`, E13).
 pub fn secret() -> SecretSpec {
-    let rule = SecretRule::header(&[ALLOWED], "Authorization", "Bearer {{.Value}}").expect("valid rule");
+    let rule = SecretRule::header(&[ALLOWED], "Authorization", "Bearer {{.Value}}")
+        .and_then(|r| r.with_also_in(AlsoIn::new(&["x-key"], &["key"])?))
+        .expect("valid rule");
     SecretSpec::new("api-key", SECRET_VALUE.into(), Some(SECRET_ENV), vec![rule]).expect("valid secret")
 }
 
