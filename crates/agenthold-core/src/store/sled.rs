@@ -89,6 +89,36 @@ fn store_error(op: impl Into<String>, source: impl std::error::Error + Send + Sy
     }
 }
 
+/// Create a new database at `path` atomically: sled writes its first files in a sibling directory, which
+/// is renamed into place only once they are on disk. sled 0.34 cannot reopen a database whose creation a
+/// crash interrupted ("Read corrupted data"); a database that never finished creating held no
+/// acknowledged write, so what such a crash leaves is simply discarded here.
+fn create(path: &Path, op: &str) -> Result<()> {
+    let mut name = path.file_name().map(std::ffi::OsString::from).unwrap_or_default();
+    name.push(".creating");
+    let staging = path.with_file_name(name);
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(|e| Error::io(&staging, e))?;
+    }
+    let db = sled::Config::new()
+        .path(&staging)
+        .open()
+        .map_err(|e| store_error(op, e))?;
+    db.flush().map_err(|e| store_error(op, e))?;
+    drop(db);
+    for entry in std::fs::read_dir(&staging).map_err(|e| Error::io(&staging, e))? {
+        let entry = entry.map_err(|e| Error::io(&staging, e))?;
+        if entry.path().is_file() {
+            File::open(entry.path())
+                .and_then(|f| f.sync_all())
+                .map_err(|e| Error::io(entry.path(), e))?;
+        }
+    }
+    sync_dir(&staging)?;
+    std::fs::rename(&staging, path).map_err(|e| Error::io(path, e))?;
+    sync_dir(path.parent().unwrap_or(path))
+}
+
 fn tree_name(table: &str) -> Vec<u8> {
     [TREE_PREFIX, table.as_bytes()].concat()
 }
@@ -105,6 +135,9 @@ impl SledStore {
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let op = format!("open {}", path.display());
+        if !path.exists() {
+            create(&path, &op)?;
+        }
         wait_for_lock(&path.join("db"));
         let db = sled::Config::new()
             .path(&path)
