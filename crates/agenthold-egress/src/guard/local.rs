@@ -20,14 +20,14 @@
 
 use std::io::{self, Read};
 use std::net::IpAddr;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::{Arc, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use nix::sys::socket::{AddressFamily, NetlinkAddr, SockFlag, SockProtocol, SockType};
 
-/// How long the watcher waits for a netlink message before checking whether the guard is gone.
+/// How long the watcher waits after a failed netlink receive before trying again.
 const TICK: Duration = Duration::from_secs(2);
 /// Re-read the addresses at least this often, notification or not.
 pub(super) const PERIOD: Duration = Duration::from_secs(30);
@@ -40,12 +40,40 @@ const RTMGRP_IPV6_IFADDR: u32 = 0x100;
 #[derive(Debug, Default)]
 pub(super) struct OwnAddresses {
     nets: RwLock<Arc<[IpNet]>>,
+    /// The watcher thread, stopped and joined when the list is dropped (an embedder that closes its
+    /// runtime expects no agenthold thread left).
+    watcher: std::sync::Mutex<Option<Watcher>>,
+}
+
+/// A running watcher thread and the write end of the pipe that stops it (closing it wakes the thread).
+#[derive(Debug)]
+struct Watcher {
+    stop: OwnedFd,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Drop for OwnAddresses {
+    fn drop(&mut self) {
+        let watcher = self
+            .watcher
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(Watcher { stop, thread }) = watcher {
+            drop(stop);
+            // The last reference may be the watcher's own, briefly upgraded: it is ending anyway.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
 }
 
 impl OwnAddresses {
     pub(super) fn new(nets: Vec<IpNet>) -> Self {
         Self {
             nets: RwLock::new(nets.into()),
+            watcher: std::sync::Mutex::default(),
         }
     }
 
@@ -123,9 +151,11 @@ pub(super) fn watch() -> io::Result<Arc<OwnAddresses>> {
     };
     let own = Arc::new(OwnAddresses::new(read()?));
     let weak = Arc::downgrade(&own);
-    std::thread::Builder::new()
+    let (stopped, stop) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io::Error::from)?;
+    let thread = std::thread::Builder::new()
         .name("guard-addresses".into())
-        .spawn(move || run(&weak, socket.as_ref()))?;
+        .spawn(move || run(&weak, socket.as_ref(), &stopped))?;
+    *own.watcher.lock().unwrap_or_else(PoisonError::into_inner) = Some(Watcher { stop, thread });
     Ok(own)
 }
 
@@ -144,18 +174,36 @@ fn subscribe() -> io::Result<socket2::Socket> {
     Ok(socket)
 }
 
-/// The watcher: wait for a notification (or a tick), re-read on a change or every [`PERIOD`], stop once the
-/// guard is gone.
-fn run(own: &Weak<OwnAddresses>, socket: Option<&socket2::Socket>) {
+/// The watcher: wait for a notification (or [`PERIOD`]), re-read on a change or every [`PERIOD`], stop as
+/// soon as the guard is gone (the write end of `stopped` is closed then).
+fn run(own: &Weak<OwnAddresses>, socket: Option<&socket2::Socket>, stopped: &OwnedFd) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     let mut buf = vec![0u8; 16 * 1024];
     let mut last_read = Instant::now();
+    let timeout = PollTimeout::try_from(PERIOD).unwrap_or(PollTimeout::MAX);
     loop {
+        let mut fds = vec![PollFd::new(stopped.as_fd(), PollFlags::POLLIN)];
+        if let Some(s) = socket {
+            fds.push(PollFd::new(s.as_fd(), PollFlags::POLLIN));
+        }
+        if poll(&mut fds, timeout).is_err() {
+            std::thread::sleep(TICK);
+        }
+        let stop = fds
+            .first()
+            .and_then(PollFd::revents)
+            .is_some_and(|r| !r.is_empty());
+        let notified = fds
+            .get(1)
+            .and_then(PollFd::revents)
+            .is_some_and(|r| !r.is_empty());
+        drop(fds);
+        if stop {
+            return;
+        }
         let changed = match socket {
-            Some(s) => wait(s, &mut buf),
-            None => {
-                std::thread::sleep(TICK);
-                false
-            }
+            Some(s) if notified => wait(s, &mut buf),
+            _ => false,
         };
         let Some(own) = own.upgrade() else { return };
         if changed && let Some(s) = socket {
