@@ -4,15 +4,10 @@
 //! request log.
 
 use super::{
-    B_HOST, World, assert_placeholder, printed, python_with_requests, random_hex, script, secret_value,
+    API_SECRET, B_HOST, World, assert_placeholder, printed, python_with_requests, random_hex, script,
+    secret_value,
 };
 use crate::support::{API, OTHER, entries_for, read_log};
-
-/// A header rule for `api.example.test` whose value comes from `$API_TOKEN`; placeholder in `$API_KEY`.
-fn api_secret() -> &'static str {
-    "- name: api\n  value_env: API_TOKEN\n  env: API_KEY\n  hosts: [api.example.test]\n  \
-     header: Authorization\n  template: \"Bearer {{.Value}}\"\n"
-}
 
 /// Panics unless every echoed request in `requests` carries `Authorization: Bearer value` and none
 /// carries a placeholder anywhere.
@@ -60,7 +55,7 @@ async fn curl_h1_and_h2_inject_every_request_on_a_keep_alive_connection() {
     );
     let out = world
         .run()
-        .secrets(api_secret())
+        .secrets(API_SECRET)
         .env("API_TOKEN", &value)
         .log(&log)
         .sh(&sh)
@@ -156,7 +151,7 @@ async fn python_requests_session_is_injected_on_every_request() {
     let client = script(&world, "requests_client.py", REQUESTS_PY);
     let out = world
         .run()
-        .secrets(api_secret())
+        .secrets(API_SECRET)
         .env("API_TOKEN", &value)
         .log(&log)
         .share_home()
@@ -222,7 +217,7 @@ async fn node_fetch_is_injected_through_the_transparent_path() {
     let client = script(&world, "fetch_client.mjs", FETCH_MJS);
     let out = world
         .run()
-        .secrets(api_secret())
+        .secrets(API_SECRET)
         .env("API_TOKEN", &value)
         .log(&log)
         .output(&["node", &client, API])
@@ -384,7 +379,7 @@ async fn request_log_names_injected_secrets_never_their_values() {
     let (a, b) = (secret_value("log-a"), secret_value("log-b"));
     let secrets = format!(
         "{}- name: bee\n  value: {b}\n  env: B_KEY\n  hosts: [{B_HOST}]\n  header: X-Api-Key\n",
-        api_secret()
+        API_SECRET
     );
     let log = world.path("log.jsonl");
     let sh = format!(

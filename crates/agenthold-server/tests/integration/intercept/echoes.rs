@@ -6,12 +6,8 @@
 //! Injection is checked on the upstream's side (its records), since what the sandbox gets back is
 //! scrubbed.
 
-use super::{World, assert_placeholder, base64, printed, record_header, script, secret_value};
+use super::{API_SECRET, World, assert_placeholder, base64, printed, record_header, script, secret_value};
 use crate::support::{API, read_log};
-
-/// The header rule of these tests (value from `$API_TOKEN`, placeholder in `$API_KEY`).
-const SECRET: &str = "- name: api\n  value_env: API_TOKEN\n  env: API_KEY\n  hosts: [api.example.test]\n  \
-                      header: Authorization\n  template: \"Bearer {{.Value}}\"\n";
 
 /// `label=<status> <body>` for a curl call, on one line.
 fn curl(label: &str, args: &str) -> String {
@@ -53,7 +49,7 @@ async fn an_upstream_that_quotes_the_key_never_shows_it() {
     }
     let out = world
         .run()
-        .secrets(SECRET)
+        .secrets(API_SECRET)
         .env("API_TOKEN", &value)
         .map(API, 443, upstream.addr)
         .sh(&sh)
@@ -100,7 +96,7 @@ async fn unscannable_answers_are_refused_and_ranges_are_dropped() {
     sh += &curl("RANGE", &format!("-r 8-12 'https://{API}/reflect?form=raw'"));
     let out = world
         .run()
-        .secrets(SECRET)
+        .secrets(API_SECRET)
         .env("API_TOKEN", &value)
         .map(API, 443, upstream.addr)
         .sh(&sh)
@@ -155,7 +151,7 @@ async fn websocket_frames_never_carry_the_key() {
     let client = script(&world, "ws_reflect.py", WS_REFLECT_PY);
     let out = world
         .run()
-        .secrets(SECRET)
+        .secrets(API_SECRET)
         .env("API_TOKEN", &value)
         .map(API, 443, upstream.addr)
         .sh(&format!(
@@ -222,7 +218,7 @@ async fn a_placeholder_outside_its_header_is_refused_in_every_form() {
     }
     let out = world
         .run()
-        .secrets(SECRET)
+        .secrets(API_SECRET)
         .env("API_TOKEN", &value)
         .log(&log)
         .sh(&sh)

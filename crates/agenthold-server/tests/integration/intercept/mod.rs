@@ -48,6 +48,11 @@ use crate::support::{API, Env, OTHER, Outcome, agenthold};
 const UPSTREAM_PY: &str = include_str!("upstream.py");
 /// Python from the distribution, for the upstreams (on the host; the standard library is enough).
 const HOST_PYTHON: &str = "/usr/bin/python3";
+/// Secret `api`: a header rule on api.example.test (`Authorization: Bearer VALUE`), value from `$API_TOKEN`,
+/// placeholder in `$API_KEY`.
+pub(super) const API_SECRET: &str = "- name: api\n  value_env: API_TOKEN\n  env: API_KEY\n  \
+                                     hosts: [api.example.test]\n  header: Authorization\n  \
+                                     template: \"Bearer {{.Value}}\"\n";
 /// A second rule host (secret B) on the echo upstream.
 pub(super) const B_HOST: &str = "b.example.test";
 /// Secret `api` (header rule on api.example.test, value from `$API_TOKEN`, placeholder in `$API_KEY`) and

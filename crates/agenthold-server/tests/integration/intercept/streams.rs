@@ -3,12 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::{World, assert_placeholder, eventually, printed, record_header, script, secret_value};
+use super::{
+    API_SECRET, World, assert_placeholder, eventually, printed, record_header, script, secret_value,
+};
 use crate::support::{API, entries_for, read_log, status_field, wait_exit};
-
-/// The header rule of these tests (value from `$API_TOKEN`, placeholder in `$API_KEY`).
-const SECRET: &str = "- name: api\n  value_env: API_TOKEN\n  env: API_KEY\n  hosts: [api.example.test]\n  \
-                      header: Authorization\n  template: \"Bearer {{.Value}}\"\n";
 
 /// The `expect` part of an upstream's config: the quiet, WebSocket routes check the injected header.
 fn expect(value: &str) -> serde_json::Value {
@@ -37,7 +35,7 @@ async fn server_sent_events_arrive_one_by_one() {
     }
     let mut child = world
         .run()
-        .secrets(SECRET)
+        .secrets(API_SECRET)
         .env("API_TOKEN", &value)
         .map(API, 443, upstream.addr)
         .spawn(&["sh", "-c", &sh]);
@@ -106,7 +104,7 @@ async fn large_download_streams_with_bounded_memory() {
     let started = Instant::now();
     let mut child = world
         .run()
-        .secrets(SECRET)
+        .secrets(API_SECRET)
         .env("API_TOKEN", &value)
         .map(API, 443, upstream.addr)
         .log(&log)
@@ -210,7 +208,7 @@ async fn websocket_through(
     let client = script(&world, "ws_client.py", WS_CLIENT_PY);
     let out = world
         .run()
-        .secrets(SECRET)
+        .secrets(API_SECRET)
         .env("API_TOKEN", &value)
         .map(API, 443, upstream.addr)
         .sh(&format!(
@@ -271,7 +269,7 @@ async fn websocket_upgrade_reaches_an_h2_capable_upstream_as_http1_upgrade() {
     let client = script(&world, "ws_client.py", WS_CLIENT_PY);
     let out = world
         .run()
-        .secrets(SECRET)
+        .secrets(API_SECRET)
         .env("API_TOKEN", &value)
         .sh(&format!("/usr/bin/python3 {client} {API} /ws-h2"))
         .await;
