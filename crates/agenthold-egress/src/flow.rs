@@ -123,6 +123,15 @@ impl Flow {
         }
     }
 
+    /// A ClientHello without SNI: decided by the tunnel's target, or by the address (never by a resolved
+    /// name: TLS names its host itself, and one that does not is judged by where it goes).
+    fn name_or_address_for_tls(&self) -> Target {
+        match &self.aim {
+            Aim::Tunnel(target) => target.clone(),
+            Aim::Orig(orig) => Target::Addr(orig.ip()),
+        }
+    }
+
     fn entry(&self, kind: LogKind, verdict: Verdict, host: impl Into<String>) -> LogEntry {
         let mut entry = LogEntry::new(&self.agent, kind, verdict).to(host, self.port);
         if kind == LogKind::Connect {
@@ -300,17 +309,6 @@ async fn tls<C: ClientStream>(
         flow.note_ech = true;
     }
     connect_and_splice(flow, kind, client, target, buf.freeze(), upstream).await;
-}
-
-impl Flow {
-    /// A ClientHello without SNI: decided by the tunnel's target, or by the address (never by a resolved
-    /// name: TLS names its host itself, and one that does not is judged by where it goes).
-    fn name_or_address_for_tls(&self) -> Target {
-        match &self.aim {
-            Aim::Tunnel(target) => target.clone(),
-            Aim::Orig(orig) => Target::Addr(orig.ip()),
-        }
-    }
 }
 
 /// Decide `target`, dial it (or use `upstream` when it was dialled for the same target), replay `prefix`,
