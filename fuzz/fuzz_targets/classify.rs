@@ -2,7 +2,7 @@
 //! decides what the whole decides, the cap always decides, and nothing the strict HTTP or TLS parser
 //! accepts is classified as other TCP (E23: bytes that are HTTP are decided by Host, never spliced unread).
 //!
-//! The checks are `crates/agenthold-egress/src/sniff/invariants.rs`, included here by path; `cargo test -p
+//! The checks are `agenthold-egress/src/sniff/invariants.rs`, included here by path; `cargo test -p
 //! agenthold-egress` runs the same file on every input in `fuzz/seeds/classify/` and
 //! `fuzz/regressions/classify/`.
 #![no_main]
@@ -11,7 +11,7 @@
 use agenthold_egress::sniff::*;
 
 #[allow(dead_code)]
-#[path = "../../crates/agenthold-egress/src/sniff/invariants.rs"]
+#[path = "../../agenthold-egress/src/sniff/invariants.rs"]
 mod invariants;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| invariants::classify_first_bytes(data));

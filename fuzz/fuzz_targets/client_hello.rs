@@ -3,7 +3,7 @@
 //! decides, a `Done` hello re-parses the same from exactly its records and needs more one byte short, its SNI
 //! is printable ASCII.
 //!
-//! The checks are `crates/agenthold-egress/src/sniff/invariants.rs`, included here by path; `cargo test -p
+//! The checks are `agenthold-egress/src/sniff/invariants.rs`, included here by path; `cargo test -p
 //! agenthold-egress` runs the same file on every input in `fuzz/seeds/client_hello/` and
 //! `fuzz/regressions/client_hello/`.
 #![no_main]
@@ -12,7 +12,7 @@
 use agenthold_egress::sniff::*;
 
 #[allow(dead_code)]
-#[path = "../../crates/agenthold-egress/src/sniff/invariants.rs"]
+#[path = "../../agenthold-egress/src/sniff/invariants.rs"]
 mod invariants;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| invariants::client_hello(data));

@@ -2,7 +2,7 @@
 //! round-trips) and as the target and Host of a CONNECT head (accepted exactly when `split_host_port` accepts
 //! it, same host and port).
 //!
-//! The checks are `crates/agenthold-egress/src/sniff/invariants.rs`, included here by path; `cargo test -p
+//! The checks are `agenthold-egress/src/sniff/invariants.rs`, included here by path; `cargo test -p
 //! agenthold-egress` runs the same file on every input in `fuzz/seeds/connect_line/` and
 //! `fuzz/regressions/connect_line/`.
 #![no_main]
@@ -11,7 +11,7 @@
 use agenthold_egress::sniff::*;
 
 #[allow(dead_code)]
-#[path = "../../crates/agenthold-egress/src/sniff/invariants.rs"]
+#[path = "../../agenthold-egress/src/sniff/invariants.rs"]
 mod invariants;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| invariants::connect_line(data));

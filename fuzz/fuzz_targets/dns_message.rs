@@ -1,9 +1,9 @@
 //! Fuzz target: one DNS query packet (and the fake upstream's answer) through the gateway's per-query logic,
 //! `agenthold_egress::dns::Server::answer`, without a network. What is checked is in the included file,
-//! which `crates/agenthold-egress/tests/dns` also uses to replay `fuzz/regressions/dns_message/`.
+//! which `agenthold-egress/tests/dns` also uses to replay `fuzz/regressions/dns_message/`.
 #![no_main]
 
-#[path = "../../crates/agenthold-egress/tests/dns/fuzz_check.rs"]
+#[path = "../../agenthold-egress/tests/dns/fuzz_check.rs"]
 #[allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 mod fuzz_check;
 

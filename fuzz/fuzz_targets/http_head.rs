@@ -2,7 +2,7 @@
 //! panic, a decided prefix decides what the whole decides, an accepted head ends with CRLF CRLF within 64
 //! KiB, re-parses the same alone, has a destination, and its Host agrees with its target.
 //!
-//! The checks are `crates/agenthold-egress/src/sniff/invariants.rs`, included here by path; `cargo test -p
+//! The checks are `agenthold-egress/src/sniff/invariants.rs`, included here by path; `cargo test -p
 //! agenthold-egress` runs the same file on every input in `fuzz/seeds/http_head/` and
 //! `fuzz/regressions/http_head/`.
 #![no_main]
@@ -11,7 +11,7 @@
 use agenthold_egress::sniff::*;
 
 #[allow(dead_code)]
-#[path = "../../crates/agenthold-egress/src/sniff/invariants.rs"]
+#[path = "../../agenthold-egress/src/sniff/invariants.rs"]
 mod invariants;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| invariants::http_head(data));

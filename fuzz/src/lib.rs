@@ -1,5 +1,5 @@
 //! The invariants each fuzz target checks, one module per target. Every module is a single file that only
-//! uses `agenthold_core`, `base64` and `std`, so `crates/agenthold-core/tests` include the same files by
+//! uses `agenthold_core`, `base64` and `std`, so `agenthold-core/tests` include the same files by
 //! path and replay `fuzz/regressions/<target>/` through exactly these checks under plain `cargo test`.
 #![forbid(unsafe_code)]
 

@@ -15,7 +15,7 @@ use proptest::sample::select;
 
 // The fuzz target's checks, included so that `cargo test` replays `fuzz/regressions` through them.
 #[allow(unreachable_pub)]
-#[path = "../../../fuzz/src/policy_entry.rs"]
+#[path = "../../fuzz/src/policy_entry.rs"]
 mod fuzz_policy_entry;
 
 /// A DNS label as normalisation leaves it: lower case letters, digits, `-`, `_`, 1–63 bytes.
@@ -297,7 +297,7 @@ fn documented_forms_hold_the_properties() {
 // covers: E8
 #[test]
 fn fuzz_regressions_and_seeds_replay() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
     let mut replayed = 0;
     for kind in ["regressions", "seeds"] {
         let Ok(entries) = fs::read_dir(root.join(kind).join("policy_entry")) else {

@@ -11,7 +11,7 @@ use super::invariants;
 /// The files of `fuzz/<kind>/<target>/` (hidden files such as `.gitkeep` left out).
 fn inputs(kind: &str, target: &str) -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz")
+        .join("../fuzz")
         .join(kind)
         .join(target);
     let Ok(entries) = std::fs::read_dir(&dir) else {

@@ -12,10 +12,10 @@ use base64::Engine;
 
 // The fuzz targets' checks, included so that `cargo test` replays `fuzz/regressions` through them.
 #[allow(unreachable_pub)]
-#[path = "../../../fuzz/src/template_parse.rs"]
+#[path = "../../fuzz/src/template_parse.rs"]
 mod fuzz_template_parse;
 #[allow(unreachable_pub)]
-#[path = "../../../fuzz/src/template_render.rs"]
+#[path = "../../fuzz/src/template_render.rs"]
 mod fuzz_template_render;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
@@ -296,7 +296,7 @@ fn preset_templates_parse_and_use_the_value() {
 /// Every file directly inside `fuzz/<kind>/<target>/`.
 fn fuzz_inputs(kind: &str, target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz")
+        .join("../fuzz")
         .join(kind)
         .join(target);
     let Ok(entries) = fs::read_dir(&dir) else {

@@ -7,7 +7,7 @@ use super::fuzz_check;
 /// Run every file of `fuzz/<folder>/dns_message` through the check; the number of files.
 fn replay(folder: &str) -> usize {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz")
+        .join("../fuzz")
         .join(folder)
         .join("dns_message");
     let Ok(entries) = std::fs::read_dir(&dir) else {

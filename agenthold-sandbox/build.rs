@@ -19,8 +19,8 @@ fn main() {
         return;
     }
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest.join("../..");
-    let sandboxd = root.join("crates/sandboxd");
+    let root = manifest.join("..");
+    let sandboxd = root.join("sandboxd");
     println!("cargo:rerun-if-changed={}", sandboxd.join("src").display());
     println!("cargo:rerun-if-changed={}", sandboxd.join("Cargo.toml").display());
     let target = env::var("TARGET").expect("cargo sets TARGET");
