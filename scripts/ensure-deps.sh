@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
-# Install and start what the tests need, when missing: Docker engine, nftables, network tools, clients used
-# inside test sandboxes, and cargo-audit. Idempotent; run by `make test`. Needs root (apt, dockerd).
+# Install and start what agenthold needs, when missing. Idempotent; needs root (apt, dockerd).
+#
+#   scripts/ensure-deps.sh dev    what `make dev` needs: Docker engine, nftables, iptables, iproute2,
+#                                 util-linux (nsenter), debootstrap and tar (the dev image build)
+#   scripts/ensure-deps.sh test   all of the above, plus the clients the tests drive (curl, git, openssl, node,
+#                                 python requests), dnsmasq, gVisor (runsc) and cargo-audit
+#
+# `make dev` installs only the first set, so a new machine reaches the quickstart without waiting for test tools
+# (cargo-audit alone takes about ten minutes to build).
 set -euo pipefail
 
-log() { printf 'ensure-deps: %s\n' "$*" >&2; }
+mode=${1:-test}
+case $mode in dev | test) ;; *) echo "usage: $0 dev|test" >&2; exit 2 ;; esac
+log() { printf 'ensure-deps(%s): %s\n' "$mode" "$*" >&2; }
 
 need_pkgs=()
 want() { command -v "$1" >/dev/null 2>&1 || need_pkgs+=("$2"); }
@@ -11,15 +20,17 @@ want dockerd docker.io
 want nft nftables
 want iptables iptables
 want ip iproute2
-want curl curl
-want git git
-want openssl openssl
+want nsenter util-linux
 want debootstrap debootstrap
-want unshare util-linux
-want dnsmasq dnsmasq-base
-want node nodejs
-want runsc runsc
 want tar tar
+if [ "$mode" = test ]; then
+  want curl curl
+  want git git
+  want openssl openssl
+  want dnsmasq dnsmasq-base
+  want node nodejs
+  want runsc runsc
+fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     log "missing ${need_pkgs[*]} and not root: install them or run as root"; exit 1
@@ -42,14 +53,15 @@ if ! docker version >/dev/null 2>&1; then
   docker version >/dev/null 2>&1 || { log "dockerd did not come up; see /var/log/agenthold-dockerd.log"; exit 1; }
 fi
 
-# Clients the tests drive from inside sandboxes and jails.
-if ! python3 -c 'import requests' >/dev/null 2>&1; then
-  log "installing python requests"
-  python3 -m pip install --quiet requests
-fi
-
-if ! command -v cargo-audit >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo-audit" ]; then
-  log "installing cargo-audit (takes several minutes once)"
-  cargo install cargo-audit --locked --quiet
+if [ "$mode" = test ]; then
+  # Clients the tests drive from inside sandboxes and jails.
+  if ! python3 -c 'import requests' >/dev/null 2>&1; then
+    log "installing python requests"
+    python3 -m pip install --quiet requests
+  fi
+  if ! command -v cargo-audit >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo-audit" ]; then
+    log "installing cargo-audit (takes several minutes once)"
+    cargo install cargo-audit --locked --quiet
+  fi
 fi
 log "ok"
