@@ -1,32 +1,40 @@
 # agenthold: the two commands a new machine needs are `make dev` and `make test`.
+# enforces: S14
 SHELL := /bin/bash
 CARGO ?= cargo
 ADVISORY_DB ?= ../shared/advisory-db
 
-.PHONY: dev test deps lint audit unit python fuzz
+.PHONY: dev test deps deps-dev lint audit unit python install-check e2e fuzz
 
 ## dev: run the quickstart on the embedded default: a Runtime, one sandbox with an allowlist and a secret,
 ## a command against a local upstream, and the request log. Builds the dev image once (about a minute).
-dev: deps
+dev: deps-dev
 	$(CARGO) run -q -p agenthold-server -- image build-dev
 	$(CARGO) run -q -p agenthold-examples --bin quickstart
 
 ## test: everything CI checks. Installs and starts what the tests need (Docker engine, nftables, …).
-test: deps lint audit unit python
+## The order matters only for speed: install-check reuses the release build `python` made.
+test: deps lint audit unit python install-check e2e
 
+## deps-dev: what `make dev` needs (Docker, nftables, debootstrap); deps: that plus the test tools.
+deps-dev:
+	./scripts/ensure-deps.sh dev
 deps:
-	./scripts/ensure-deps.sh
+	./scripts/ensure-deps.sh test
 
+## lint: formatting, clippy, and docs/architecture.md's crate arrows and requirement map.
 lint:
 	$(CARGO) fmt --all -- --check
+	./scripts/architecture-check.py
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p agenthold-core --all-targets --features sled -- -D warnings
 
-## audit: known vulnerabilities in dependencies (offline RustSec snapshot); unmaintained warnings are
-## explained in docs/dependencies.md.
+## audit: known vulnerabilities in dependencies; unmaintained warnings are explained in
+## docs/dependencies.md. Uses the offline RustSec snapshot in $(ADVISORY_DB) when it exists (beside our
+## checkouts), cargo-audit's own database (fetched) otherwise.
 audit:
 	@command -v cargo-audit >/dev/null || $(CARGO) install cargo-audit --locked --quiet
-	$(CARGO) audit --db $(ADVISORY_DB) --no-fetch --stale
+	if [ -d "$(ADVISORY_DB)" ]; then $(CARGO) audit --db $(ADVISORY_DB) --no-fetch --stale; else $(CARGO) audit; fi
 
 ## unit: every Rust test, including the ones marked #[ignore] because they need root, Docker or nftables.
 unit:
@@ -51,6 +59,15 @@ python: deps
 	$(PY_DIR)/venv/bin/pip install -q pytest==$(PYTEST_VERSION) $(PY_DIR)/wheels/agenthold-*.whl
 	$(PY_DIR)/venv/bin/python -m pytest -p no:cacheprovider bindings/python/tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make python: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+## install-check: README's install lines (cargo install, pip install, cargo add) on a clean prefix.
+install-check: deps
+	./scripts/install-check.sh
+
+## e2e: the end-to-end egress check against the dev stack (E18); `make dev` first when run by hand.
+e2e: deps
+	$(CARGO) run -q -p agenthold-server -- image build-dev
+	./scripts/e2e/egress.sh
 
 ## fuzz: run every fuzz target for FUZZ_SECONDS each (nightly toolchain, cargo-fuzz).
 FUZZ_SECONDS ?= 60

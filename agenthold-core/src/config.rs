@@ -9,6 +9,7 @@
 //! key (`egress.deny_cidrs`) takes a comma-separated value.
 //! Other `AGENTHOLD_*` variables (such as `AGENTHOLD_MASTER_KEY`) are ignored here. The process environment
 //! is only ever read.
+// enforces: E17
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;

@@ -18,6 +18,7 @@
 //!
 //! Every trait is object safe, so a platform passes `Arc<dyn Trait>` and swaps storage, the runtime, the
 //! policy or the injector without forking.
+// enforces: C2
 #![forbid(unsafe_code)]
 
 pub mod authz;

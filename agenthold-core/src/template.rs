@@ -23,6 +23,7 @@
 //! is built in one zeroizing buffer allocated at its exact final size ([`Template::rendered_len`]): it never
 //! grows, so no reallocation leaves a copy of the secret behind. The one intermediate a `base64` call needs
 //! is sized and zeroized the same way.
+// enforces: E11
 
 use std::fmt;
 use std::str::FromStr;

@@ -43,6 +43,7 @@
 //! (`secrets.master_key_file`, default `<data_dir>/master.key`) holding exactly 32 raw bytes with mode 0600.
 //! The file is created from the operating system's random generator on first start. Back it up: without
 //! it no secret can be decrypted.
+// enforces: E10 S15
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};

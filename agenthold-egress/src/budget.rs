@@ -9,6 +9,7 @@
 //! The gateway-wide limit keeps a reserve: an agent that already holds [`FAIR_SHARE`] connections or more
 //! can only take from the part of the limit outside the reserve, so a few agents flooding the gateway leave
 //! the reserve to the others.
+// enforces: E20
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -5,6 +5,7 @@
 //! short time, and kept in a bounded LRU cache so a repeat handshake costs no signature. All leaves share
 //! one key pair generated at start (it is never written anywhere): minting is then a single ECDSA
 //! signature, and a stolen leaf is useless a day later.
+// enforces: E14
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;

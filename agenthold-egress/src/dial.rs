@@ -3,6 +3,7 @@
 //! with a timeout. The address a sandbox used is never dialled for a named destination; only
 //! destinations without any name (a ClientHello without SNI, a TCP connection to an address the agent did
 //! not resolve through us) are dialled by address, and those addresses pass the guard too.
+// enforces: E5
 
 use std::collections::HashMap;
 use std::fmt;

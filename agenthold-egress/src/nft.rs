@@ -9,6 +9,7 @@
 //!
 //! Identity is the interface a packet arrived on (`iifname`), never its source address: every per-agent
 //! rule names the agent's interface, and source addresses are only checked to drop spoofing.
+// enforces: E3
 
 use std::borrow::Cow;
 use std::net::Ipv4Addr;

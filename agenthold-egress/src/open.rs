@@ -6,6 +6,7 @@
 //! The same sweep makes long-lived connections visible in the request log: a connection still open
 //! [`ANNOUNCE_AFTER`] after it started gets its `open` entry (stamped with its start), and its entry at the
 //! close then says `phase: closed`. Short connections keep the one entry written when they close.
+// enforces: E21
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -7,6 +7,7 @@
 //! cannot be scanned; an upstream that compresses anyway gets a 502, never a pass), no `Range` (slices of
 //! an echoed value would each look harmless), and no WebSocket extensions (permessage-deflate would compress
 //! frames). The WebSocket scrubber refuses frames with reserved bits set for the same reason.
+// enforces: E19
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -1,5 +1,6 @@
 //! The `--log` file of `agenthold run` (R3): opened by agenthold before the command starts, appended to,
 //! one write per JSON line. The jail covers the path, so the command can neither read nor change it.
+// enforces: R3
 
 use std::path::Path;
 use std::sync::Arc;

@@ -2,6 +2,7 @@
 //! `SSL_CERT_FILE` family of variables, and the CA in the image's own trust store where the image has one.
 //! Idempotent across restarts: the CA goes into the system bundle inside a marker block that is replaced, never
 //! appended twice. Nothing here stops the boot; problems are returned as messages for the log.
+// enforces: E14
 
 use std::path::{Path, PathBuf};
 

@@ -1,5 +1,6 @@
 //! The boot token: read once from `/.agenthold/boot`, deleted at once, kept only in this process's memory
 //! (S2, S10). Never printed: [`BootToken`]'s `Debug` is redacted and there is no `Display`.
+// enforces: S2
 
 use std::io::Read as _;
 use std::os::unix::fs::OpenOptionsExt as _;

@@ -7,6 +7,7 @@
 # unlisted name, the secret injected upstream but never visible inside. Then the request log is checked here:
 # one line per connection with the contract's fields, the allowed request marked `secret_injected`, the denied
 # name and the metadata address logged as denied. The upstream is a loopback echo server; nothing leaves the host.
+# enforces: E18
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=$(mktemp -d -t agenthold-e2e.XXXXXX)

@@ -7,6 +7,7 @@
 //!
 //! Address safety (private, loopback, metadata ranges) is *not* decided here: the egress gateway's address
 //! guard refuses those whatever the policy says, so no entry can re-open them.
+// enforces: E8
 
 mod entry;
 mod name;

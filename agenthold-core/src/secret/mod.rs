@@ -1,6 +1,7 @@
 //! Secrets (E10–E13, E15): values that never enter a sandbox, the rules that say where the gateway may inject
 //! them, presets for common providers, placeholders, and the [`SecretInjector`] trait with its default
 //! implementation, [`SecretTable`].
+// enforces: E11 E12
 
 mod placement;
 mod redact;

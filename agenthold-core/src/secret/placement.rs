@@ -6,6 +6,7 @@
 //! The injector replaces a placeholder only where a rule names it; everything this module finds anywhere
 //! else is a leak attempt. So the search errs on the side of finding: a head is percent-decoded until it no
 //! longer changes (at most [`MAX_DECODE_ROUNDS`] times) and compared without regard to ASCII case.
+// enforces: E13 E15
 
 use std::borrow::Cow;
 

@@ -20,6 +20,7 @@
 //! still found: the stream holds back the shortest tail of a chunk that could be the start of a form (at
 //! most the longest form minus one byte) and only that, so text that cannot start a form (the `\n\n` that
 //! ends a server-sent event, say) is never delayed.
+// enforces: E19
 
 use std::borrow::Cow;
 use std::fmt;

@@ -14,6 +14,7 @@
 //! A placeholder on its way to a host outside its secret's rules, or over plain HTTP, is a leak: refused
 //! with 403 `placeholder_leak`, or only reported when the leak guard is `log`. Request bodies are never
 //! looked at. Every answer from an intercepted host goes through the agent's [`Redactor`] (E19).
+// enforces: E12 E13
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

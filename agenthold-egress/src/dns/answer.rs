@@ -12,6 +12,7 @@
 //! [`Guard`] refuses (rebinding: E6, E22); remember the remaining answer addresses under the question name;
 //! answer with the client's id and question. Every query is logged, except refusals over budget (see
 //! above).
+// enforces: E9
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};

@@ -15,6 +15,7 @@
 //! packet). It is counted, and logged at most once per second per agent: the log entry's reason is
 //! `rate_limited;agent;refused=N` (or `;gateway;`), N being the queries refused since the previous entry,
 //! so a flood cannot flood the request log too.
+// enforces: E20
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, PoisonError};

@@ -16,6 +16,7 @@
 //!    (see `local.rs`: IPv4 addresses as `/32`, IPv6 on-link prefixes).
 //!
 //! A refusal is data, [`Blocked`]: the range and why; the request log shows it as `blocked_address`.
+// enforces: E6
 
 mod local;
 pub mod providers;

@@ -20,6 +20,7 @@
 //! nearby instance that may well be inside the operator's own network. Rows whose flag is "N/A" (terminated
 //! or IPv4-embedding blocks) say so in [`Reachable::NotApplicable`]. The conservative choice is written on
 //! each such row as its `note`.
+// enforces: E22
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 

@@ -19,6 +19,7 @@
 //! Like the parsers, [`classify`] is incremental: it answers [`Protocol::NeedMore`] until it can decide, and
 //! a decision never changes when more bytes arrive. It looks at no more than [`MAX_CLASSIFY`] bytes; an
 //! input that is still undecided there is classified HTTP (and refused by the strict parser).
+// enforces: E23
 
 use super::Protocol;
 

@@ -36,6 +36,7 @@
 //! Started by root without sudo the command is uid 0 without capabilities: it may still read root-owned
 //! files of the read-only system directories (`/etc/shadow`). Start agenthold through sudo to run the
 //! command as yourself.
+// enforces: R1 R2 R3
 
 use std::ffi::OsString;
 use std::fs::File;

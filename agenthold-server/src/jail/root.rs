@@ -5,6 +5,7 @@
 //! would otherwise show through (data directories, key files, the secrets and log files). Stage 1 builds
 //! it; stage 2, PID 1 of the jail, pivots into it ([`enter`]), so the host's root is gone from the
 //! command's mount namespace.
+// enforces: R2 R3
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

@@ -7,6 +7,7 @@
 //! the caller's terminal and that pty's master: agenthold puts the caller's terminal in raw mode
 //! ([`RawTerminal`], restored on every way out agenthold survives), the jail's pty does the line
 //! discipline (echo, Ctrl-C as SIGINT to the command), and SIGWINCH copies the caller's window size.
+// enforces: R1
 
 use std::fs::File;
 use std::io::{Read, Write};

@@ -11,6 +11,7 @@
 //! `Sandbox`, `agenthold.aio`).
 //!
 //! No `unsafe` here: pyo3's macros carry their own FFI glue.
+// enforces: C4
 #![forbid(unsafe_code)]
 
 mod errors;

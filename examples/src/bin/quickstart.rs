@@ -4,6 +4,7 @@
 //! The upstream is an HTTPS server on this machine's loopback (a stand-in for `api.example.com`); the
 //! gateway refuses loopback addresses, so the example maps the name to it with the test-only `dangerous`
 //! option. Against real hosts you would drop that and the extra trust anchor.
+// enforces: C5
 #![allow(clippy::print_stdout)] // printing is what an example does
 
 use std::sync::Arc;
