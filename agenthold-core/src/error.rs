@@ -199,11 +199,11 @@ pub enum Error {
     /// An implementation of one of core's traits failed; `kind` classifies the failure. The implementation
     /// sets it from its own error when it wraps one (the sandbox runtime passes its `Error::kind`), so a
     /// caller never has to downcast `source` to learn the class.
-    #[error("{context}: {source}")]
+    #[error("{context}{}{source}", if context.is_empty() { "" } else { ": " })]
     Backend {
         /// Classification of the failure.
         kind: ErrorKind,
-        /// What was being done.
+        /// What was being done; empty when the implementation's error already says it all.
         context: String,
         /// The implementation's error.
         #[source]
@@ -228,7 +228,8 @@ impl Error {
         }
     }
 
-    /// Wrap an implementation's error with a classification and context.
+    /// Wrap an implementation's error with a classification and context (empty: the error shows as its
+    /// source alone).
     pub fn backend(kind: ErrorKind, context: impl Into<String>, source: impl Into<BoxError>) -> Self {
         Self::Backend {
             kind,
@@ -354,6 +355,10 @@ mod tests {
             assert_eq!(error.kind(), kind);
             assert_eq!(error.to_string(), "sandbox runtime: disk on fire");
         }
+        assert_eq!(
+            Error::backend(ErrorKind::Upstream, "", io()).to_string(),
+            "disk on fire"
+        );
     }
 
     #[test]

@@ -113,7 +113,8 @@ impl From<Error> for agenthold_core::Error {
             },
             other => {
                 let kind = other.kind();
-                Self::backend(kind, "sandbox runtime", other)
+                // No context of its own: the runtime's error already says what was being done.
+                Self::backend(kind, "", other)
             }
         }
     }
