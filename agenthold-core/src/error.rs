@@ -10,20 +10,55 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// How an error should be treated by a caller: who is at fault and whether retrying can help.
+///
+/// Every crate's error has a `kind()` returning one of these, and an error that wraps another crate's error
+/// (boxed or not) carries the inner kind, so callers (the server, the bindings) branch on the class and never
+/// downcast nor read message text. The Docker engine's status codes are read once, in the sandbox crate's
+/// engine module, and arrive here as [`ErrorKind::NotFound`], [`ErrorKind::Conflict`] and so on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum ErrorKind {
-    /// The input (an entry, a template, a configuration value, an id) is invalid; fix the input.
+    /// The input (an id, a label, a path, a command, a spec field) is invalid; fix the input.
     BadInput,
+    /// A network policy is invalid: an allowlist entry or a host name in it; fix the policy.
+    Policy,
+    /// A secret or its injection rule (name, host, header, template) is invalid; fix the secret.
+    Secret,
+    /// A configuration value (a configuration key, the master key, the gateway's settings or CA) is
+    /// invalid or missing; fix the configuration.
+    Config,
     /// The thing asked for does not exist (or the caller may not know that it does).
     NotFound,
+    /// The thing exists but is not in a state for this (a stopped sandbox asked to run a command, a name
+    /// already taken).
+    Conflict,
     /// A policy or an authorization check refused the action.
     Denied,
-    /// Something outside the process (storage, a container engine, an upstream) failed.
+    /// Something agenthold needs is missing on this host: an image, an OCI runtime, the engine itself.
+    Unavailable,
+    /// Something outside the process did not answer in time.
+    Timeout,
+    /// Something outside the process failed: the container engine, the egress gateway's kernel side, an
+    /// upstream, a host command.
     Upstream,
+    /// agenthold's own state on disk (a file in its data directory, the store's database) could not be read
+    /// or written.
+    Storage,
+    /// Stored data does not open: wrong master key, tampered bytes, or a format no longer accepted.
+    Integrity,
     /// A bug or a broken invariant inside agenthold.
     Internal,
+}
+
+impl ErrorKind {
+    /// Whether the caller's input is at fault ([`BadInput`](Self::BadInput) or one of its refinements
+    /// [`Policy`](Self::Policy), [`Secret`](Self::Secret), [`Config`](Self::Config)): retrying the same
+    /// request cannot help.
+    #[must_use]
+    pub fn is_bad_input(self) -> bool {
+        matches!(self, Self::BadInput | Self::Policy | Self::Secret | Self::Config)
+    }
 }
 
 /// Errors of `agenthold-core`.
@@ -161,12 +196,14 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// An implementation of one of core's traits failed; `kind` classifies the failure.
-    #[error("{context}: {source}")]
+    /// An implementation of one of core's traits failed; `kind` classifies the failure. The implementation
+    /// sets it from its own error when it wraps one (the sandbox runtime passes its `Error::kind`), so a
+    /// caller never has to downcast `source` to learn the class.
+    #[error("{context}{}{source}", if context.is_empty() { "" } else { ": " })]
     Backend {
         /// Classification of the failure.
         kind: ErrorKind,
-        /// What was being done.
+        /// What was being done; empty when the implementation's error already says it all.
         context: String,
         /// The implementation's error.
         #[source]
@@ -179,25 +216,20 @@ impl Error {
     #[must_use]
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::PolicyEntry { .. }
-            | Self::HostName { .. }
-            | Self::Template { .. }
-            | Self::InvalidId { .. }
-            | Self::Secret { .. }
-            | Self::Config { .. }
-            | Self::HeaderValue { .. }
-            | Self::Label { .. }
-            | Self::MasterKey { .. } => ErrorKind::BadInput,
-            Self::Decrypt { .. } | Self::LegacySealed { .. } | Self::Io { .. } | Self::Store { .. } => {
-                ErrorKind::Upstream
-            }
+            Self::PolicyEntry { .. } | Self::HostName { .. } => ErrorKind::Policy,
+            Self::Template { .. } | Self::HeaderValue { .. } | Self::Secret { .. } => ErrorKind::Secret,
+            Self::InvalidId { .. } | Self::Label { .. } => ErrorKind::BadInput,
+            Self::Config { .. } | Self::MasterKey { .. } => ErrorKind::Config,
+            Self::Decrypt { .. } | Self::LegacySealed { .. } => ErrorKind::Integrity,
+            Self::Io { .. } | Self::Store { .. } => ErrorKind::Storage,
             Self::NotFound { .. } => ErrorKind::NotFound,
             Self::Denied { .. } => ErrorKind::Denied,
             Self::Backend { kind, .. } => *kind,
         }
     }
 
-    /// Wrap an implementation's error with a classification and context.
+    /// Wrap an implementation's error with a classification and context (empty: the error shows as its
+    /// source alone).
     pub fn backend(kind: ErrorKind, context: impl Into<String>, source: impl Into<BoxError>) -> Self {
         Self::Backend {
             kind,
@@ -212,5 +244,151 @@ impl Error {
             path: path.into(),
             source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io() -> std::io::Error {
+        std::io::Error::other("disk on fire")
+    }
+
+    #[test]
+    fn every_variant_has_its_kind() {
+        let cases = [
+            (
+                Error::PolicyEntry {
+                    entry: "x".into(),
+                    problem: "bad".into(),
+                },
+                ErrorKind::Policy,
+            ),
+            (
+                Error::HostName {
+                    name: "x".into(),
+                    problem: "bad".into(),
+                },
+                ErrorKind::Policy,
+            ),
+            (
+                Error::Template {
+                    template: "x".into(),
+                    position: 0,
+                    problem: "bad".into(),
+                },
+                ErrorKind::Secret,
+            ),
+            (
+                Error::HeaderValue {
+                    header: "x".into(),
+                    problem: "bad",
+                },
+                ErrorKind::Secret,
+            ),
+            (
+                Error::Secret {
+                    name: "x".into(),
+                    problem: "bad".into(),
+                },
+                ErrorKind::Secret,
+            ),
+            (
+                Error::InvalidId {
+                    kind: "agent id",
+                    value: "x".into(),
+                    problem: "bad",
+                },
+                ErrorKind::BadInput,
+            ),
+            (
+                Error::Label {
+                    key: "agenthold.x".into(),
+                    problem: "reserved".into(),
+                },
+                ErrorKind::BadInput,
+            ),
+            (
+                Error::Config {
+                    key: "egress.proxy_port".into(),
+                    problem: "bad".into(),
+                },
+                ErrorKind::Config,
+            ),
+            (
+                Error::MasterKey {
+                    source_name: "file".into(),
+                    problem: "bad".into(),
+                },
+                ErrorKind::Config,
+            ),
+            (Error::Decrypt { id: "s".into() }, ErrorKind::Integrity),
+            (Error::LegacySealed { id: "s".into() }, ErrorKind::Integrity),
+            (Error::io("/x", io()), ErrorKind::Storage),
+            (
+                Error::Store {
+                    backend: "redb",
+                    op: "open".into(),
+                    source: io().into(),
+                },
+                ErrorKind::Storage,
+            ),
+            (
+                Error::NotFound {
+                    what: "sandbox",
+                    id: "a".into(),
+                },
+                ErrorKind::NotFound,
+            ),
+            (Error::Denied { reason: "no".into() }, ErrorKind::Denied),
+        ];
+        for (error, kind) in cases {
+            assert_eq!(error.kind(), kind, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn a_backend_error_carries_the_kind_it_was_given() {
+        for kind in [ErrorKind::Conflict, ErrorKind::Unavailable, ErrorKind::Upstream] {
+            let error = Error::backend(kind, "sandbox runtime", io());
+            assert_eq!(error.kind(), kind);
+            assert_eq!(error.to_string(), "sandbox runtime: disk on fire");
+        }
+        assert_eq!(
+            Error::backend(ErrorKind::Upstream, "", io()).to_string(),
+            "disk on fire"
+        );
+    }
+
+    #[test]
+    fn bad_input_covers_its_refinements_only() {
+        for kind in [
+            ErrorKind::BadInput,
+            ErrorKind::Policy,
+            ErrorKind::Secret,
+            ErrorKind::Config,
+        ] {
+            assert!(kind.is_bad_input(), "{kind:?}");
+        }
+        for kind in [
+            ErrorKind::NotFound,
+            ErrorKind::Conflict,
+            ErrorKind::Denied,
+            ErrorKind::Unavailable,
+            ErrorKind::Timeout,
+            ErrorKind::Upstream,
+            ErrorKind::Storage,
+            ErrorKind::Integrity,
+            ErrorKind::Internal,
+        ] {
+            assert!(!kind.is_bad_input(), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn kinds_serialise_as_snake_case() {
+        let json = serde_json::to_string(&[ErrorKind::BadInput, ErrorKind::NotFound]).unwrap_or_default();
+        assert_eq!(json, r#"["bad_input","not_found"]"#);
     }
 }

@@ -259,7 +259,7 @@ proptest! {
         match PolicyEntry::parse(&s) {
             Ok(entry) => prop_assert_eq!(parse(&entry.to_string()), entry),
             Err(err) => {
-                prop_assert_eq!(err.kind(), ErrorKind::BadInput);
+                prop_assert_eq!(err.kind(), ErrorKind::Policy);
                 let message = err.to_string();
                 prop_assert!(message.contains(&format!("{s:?}")), "{}", message);
             }

@@ -217,7 +217,8 @@ fn every_rejection_names_its_position() {
 #[test]
 fn errors_are_bad_input_and_say_where() {
     let err = Template::parse("Bearer {{.Token}}").unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::BadInput);
+    assert_eq!(err.kind(), ErrorKind::Secret);
+    assert!(err.kind().is_bad_input());
     let message = err.to_string();
     assert!(message.contains("\"Bearer {{.Token}}\""), "{message}");
     assert!(message.contains("at byte 9"), "{message}");

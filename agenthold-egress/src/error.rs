@@ -1,4 +1,7 @@
-//! The crate's one error type.
+//! The crate's one error type. [`Error::kind`] classifies it as data (the shared
+//! [`agenthold_core::ErrorKind`]), so callers branch on the class and never on message text.
+
+use agenthold_core::ErrorKind;
 
 /// Errors of `agenthold-egress`.
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +56,19 @@ pub enum Error {
 }
 
 impl Error {
+    /// The class of this error. Wrapped errors (core's, a DNS lookup's) keep their own class.
+    #[must_use]
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            // Sockets, namespaces and nftables are the kernel's side: nothing the caller can fix by asking
+            // differently.
+            Self::Io { .. } | Self::Netns { .. } | Self::Nftables { .. } => ErrorKind::Upstream,
+            Self::Tls { .. } | Self::Config { .. } => ErrorKind::Config,
+            Self::Core(e) => e.kind(),
+            Self::Dns(e) => e.kind(),
+        }
+    }
+
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
             context: context.into(),
@@ -63,3 +79,105 @@ impl Error {
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::dns::LookupError;
+
+    const UPSTREAM: SocketAddr =
+        SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 53));
+
+    #[test]
+    fn every_variant_has_its_kind() {
+        let io = || std::io::Error::other("boom");
+        let cases = [
+            (Error::io("bind", io()), ErrorKind::Upstream),
+            (
+                Error::Netns {
+                    namespace: "ns".into(),
+                    context: "enter".into(),
+                    source: io(),
+                },
+                ErrorKind::Upstream,
+            ),
+            (
+                Error::Nftables {
+                    namespace: "ns".into(),
+                    problem: "no".into(),
+                },
+                ErrorKind::Upstream,
+            ),
+            (
+                Error::Tls {
+                    problem: "no PEM".into(),
+                },
+                ErrorKind::Config,
+            ),
+            (
+                Error::Config {
+                    problem: "ports".into(),
+                },
+                ErrorKind::Config,
+            ),
+        ];
+        for (error, kind) in cases {
+            assert_eq!(error.kind(), kind, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn wrapped_errors_keep_their_kind() {
+        let core = agenthold_core::policy::normalize_name("bad name!")
+            .map(drop)
+            .unwrap_err();
+        assert_eq!(Error::from(core).kind(), ErrorKind::Policy);
+        let denied = agenthold_core::Error::Denied { reason: "no".into() };
+        assert_eq!(Error::from(denied).kind(), ErrorKind::Denied);
+        let lookups = [
+            (
+                LookupError::Timeout {
+                    upstream: UPSTREAM,
+                    name: "a.test".into(),
+                    attempts: 2,
+                    timeout: Duration::from_secs(1),
+                },
+                ErrorKind::Timeout,
+            ),
+            (
+                LookupError::ServFail {
+                    upstream: UPSTREAM,
+                    name: "a.test".into(),
+                    rcode: 2,
+                },
+                ErrorKind::Upstream,
+            ),
+            (
+                LookupError::NxDomain {
+                    name: "a.test".into(),
+                },
+                ErrorKind::NotFound,
+            ),
+            (
+                LookupError::NoAddress {
+                    name: "a.test".into(),
+                },
+                ErrorKind::NotFound,
+            ),
+            (
+                LookupError::InvalidName {
+                    name: "bad name!".into(),
+                    problem: "space".into(),
+                },
+                ErrorKind::BadInput,
+            ),
+        ];
+        for (lookup, kind) in lookups {
+            assert_eq!(lookup.kind(), kind, "{lookup:?}");
+            assert_eq!(Error::from(lookup).kind(), kind);
+        }
+    }
+}

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use agenthold_core::AgentId;
+use agenthold_core::{AgentId, ErrorKind};
 use bollard::Docker;
 use sha2::{Digest, Sha256};
 
@@ -129,5 +129,103 @@ impl Engine {
                 format!("{LABEL_ROLE}={role}"),
             ],
         )])
+    }
+}
+
+// What the engine's answers mean. This is the one place that reads its status codes (and, where it has no
+// code of its own, its message): everywhere else an engine failure is an [`Error`] with a kind.
+
+/// The class of a failed engine request.
+fn kind_of(e: &bollard::errors::Error) -> ErrorKind {
+    use bollard::errors::Error as E;
+    match e {
+        E::DockerResponseServerError { status_code: 404, .. } => ErrorKind::NotFound,
+        // The object is not in a state for the request: a stopped container asked to run a command, a
+        // name already taken.
+        E::DockerResponseServerError { status_code: 409, .. } => ErrorKind::Conflict,
+        E::RequestTimeoutError => ErrorKind::Timeout,
+        _ => ErrorKind::Upstream,
+    }
+}
+
+/// Whether the engine answered that the object (container, network, volume, image) does not exist.
+pub(crate) fn is_not_found(e: &bollard::errors::Error) -> bool {
+    kind_of(e) == ErrorKind::NotFound
+}
+
+/// Whether the engine answered 304: the container already is in the state asked for (started, stopped).
+pub(crate) fn is_not_modified(e: &bollard::errors::Error) -> bool {
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError { status_code: 304, .. }
+    )
+}
+
+/// Whether a network disconnect failed because the container was not connected to that network. The engine
+/// says so only in its message (the status differs between versions).
+pub(crate) fn is_not_connected(e: &bollard::errors::Error) -> bool {
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError { message, .. } if message.contains("not connected")
+    )
+}
+
+impl Error {
+    /// A failed engine request, with what was being done; classified here, once.
+    pub(crate) fn engine(context: impl Into<String>, source: bollard::errors::Error) -> Self {
+        Self::Engine {
+            context: context.into(),
+            kind: kind_of(&source),
+            source: Box::new(source),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status_code: u16, message: &str) -> bollard::errors::Error {
+        bollard::errors::Error::DockerResponseServerError {
+            status_code,
+            message: message.to_owned(),
+        }
+    }
+
+    #[test]
+    fn status_codes_become_kinds() {
+        let cases = [
+            (answer(404, "No such container: x"), ErrorKind::NotFound),
+            (answer(409, "container x is not running"), ErrorKind::Conflict),
+            (answer(500, "boom"), ErrorKind::Upstream),
+            (answer(400, "bad parameter"), ErrorKind::Upstream),
+            (bollard::errors::Error::RequestTimeoutError, ErrorKind::Timeout),
+        ];
+        for (e, kind) in cases {
+            let error = Error::engine("exec in a", e);
+            assert_eq!(error.kind(), kind, "{error}");
+            assert!(error.to_string().starts_with("docker: exec in a: "), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_kind_crosses_the_sandbox_trait() {
+        let core = agenthold_core::Error::from(Error::engine("exec in a", answer(409, "not running")));
+        assert_eq!(core.kind(), ErrorKind::Conflict);
+        let core = agenthold_core::Error::from(Error::engine("read /x", answer(404, "no such file")));
+        assert_eq!(core.kind(), ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn answers_that_are_not_failures() {
+        assert!(is_not_found(&answer(404, "")));
+        assert!(!is_not_found(&answer(409, "")));
+        assert!(is_not_modified(&answer(304, "")));
+        assert!(!is_not_modified(&answer(404, "")));
+        assert!(is_not_connected(&answer(
+            403,
+            "container abc is not connected to network none"
+        )));
+        assert!(!is_not_connected(&answer(500, "boom")));
     }
 }

@@ -1,6 +1,8 @@
-//! The crate's one error type.
+//! The crate's one error type. [`Error::kind`] classifies it as data (the shared
+//! [`agenthold_core::ErrorKind`]); an engine error's class is decided once, where it is made, by the engine
+//! module (the one place that reads the engine's status codes), so nobody downcasts or matches codes later.
 
-use agenthold_core::ErrorKind;
+use agenthold_core::{BoxError, ErrorKind};
 
 /// Errors of `agenthold-sandbox`.
 #[derive(Debug, thiserror::Error)]
@@ -11,9 +13,12 @@ pub enum Error {
     Engine {
         /// What was being done.
         context: String,
+        /// What the engine's answer means ([`ErrorKind::NotFound`] for a missing object,
+        /// [`ErrorKind::Conflict`] for one not in a state for the request, …), set by the engine module.
+        kind: ErrorKind,
         /// The engine's error.
         #[source]
-        source: bollard::errors::Error,
+        source: BoxError,
     },
     /// The engine is missing something agenthold needs (an image, a runtime, a feature).
     #[error("{problem}")]
@@ -22,7 +27,7 @@ pub enum Error {
         problem: String,
     },
     /// A sandbox does not exist.
-    #[error("sandbox {agent} not found")]
+    #[error("sandbox {agent} not found: it was removed, or belongs to a runtime on another data directory")]
     NotFound {
         /// The agent.
         agent: String,
@@ -68,13 +73,6 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn engine(context: impl Into<String>, source: bollard::errors::Error) -> Self {
-        Self::Engine {
-            context: context.into(),
-            source,
-        }
-    }
-
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Self::Io {
             context: context.into(),
@@ -86,25 +84,25 @@ impl Error {
     #[must_use]
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::Engine { source, .. } if is_not_found(source) => ErrorKind::NotFound,
-            Self::Engine { .. } | Self::Io { .. } | Self::Unavailable { .. } | Self::Egress(_) => {
-                ErrorKind::Upstream
-            }
+            Self::Engine { kind, .. } => *kind,
+            Self::Unavailable { .. } => ErrorKind::Unavailable,
             Self::NotFound { .. } => ErrorKind::NotFound,
             Self::BadInput { .. } => ErrorKind::BadInput,
-            Self::Core(e) | Self::StoredSecret { source: e, .. } => e.kind(),
+            // A host command or file operation the runtime needed is the host's side, like the engine's.
+            // The runtime hands the gateway only what it validated itself (or the operator configured):
+            // when the gateway then fails under a sandbox operation, that too is the engine side's failure.
+            // The gateway's finer class stays readable on the wrapped error.
+            Self::Io { .. } | Self::Egress(_) => ErrorKind::Upstream,
+            // The record was changed outside agenthold, or the master key is not the one it was sealed
+            // under: whatever the vault's own complaint, the stored data is at fault.
+            Self::StoredSecret { .. } => ErrorKind::Integrity,
+            Self::Core(e) => e.kind(),
         }
     }
 }
 
-/// Whether the engine answered 404.
-pub(crate) fn is_not_found(e: &bollard::errors::Error) -> bool {
-    matches!(
-        e,
-        bollard::errors::Error::DockerResponseServerError { status_code: 404, .. }
-    )
-}
-
+/// Crossing the `Sandbox` trait: the class travels as [`agenthold_core::Error::Backend`]'s `kind`, so a caller
+/// never downcasts the boxed source to learn it.
 impl From<Error> for agenthold_core::Error {
     fn from(e: Error) -> Self {
         match e {
@@ -115,7 +113,8 @@ impl From<Error> for agenthold_core::Error {
             },
             other => {
                 let kind = other.kind();
-                Self::backend(kind, "sandbox runtime", other)
+                // No context of its own: the runtime's error already says what was being done.
+                Self::backend(kind, "", other)
             }
         }
     }
@@ -123,3 +122,96 @@ impl From<Error> for agenthold_core::Error {
 
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use agenthold_core::ErrorKind;
+
+    use super::Error;
+
+    fn io() -> std::io::Error {
+        std::io::Error::other("boom")
+    }
+
+    #[test]
+    fn every_variant_has_its_kind() {
+        let cases = [
+            (
+                Error::Unavailable {
+                    problem: "no image".into(),
+                },
+                ErrorKind::Unavailable,
+            ),
+            (Error::NotFound { agent: "a".into() }, ErrorKind::NotFound),
+            (
+                Error::BadInput {
+                    problem: "relative path".into(),
+                },
+                ErrorKind::BadInput,
+            ),
+            (Error::io("debootstrap", io()), ErrorKind::Upstream),
+            (
+                Error::StoredSecret {
+                    agent: "a".into(),
+                    secret: "tok".into(),
+                    source: agenthold_core::Error::Decrypt { id: "a/tok".into() },
+                },
+                ErrorKind::Integrity,
+            ),
+            (
+                Error::Egress(agenthold_egress::Error::Tls {
+                    problem: "not a PEM certificate".into(),
+                }),
+                ErrorKind::Upstream,
+            ),
+            (
+                Error::Core(agenthold_core::Error::Label {
+                    key: "agenthold.x".into(),
+                    problem: "reserved".into(),
+                }),
+                ErrorKind::BadInput,
+            ),
+            (
+                Error::Core(agenthold_core::Error::PolicyEntry {
+                    entry: "http://x".into(),
+                    problem: "no scheme".into(),
+                }),
+                ErrorKind::Policy,
+            ),
+        ];
+        for (error, kind) in cases {
+            assert_eq!(error.kind(), kind, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn the_kind_survives_the_sandbox_trait_both_ways() {
+        // Out through `Sandbox` (core's error) and back into the runtime's: same class, no downcast.
+        for error in [
+            Error::Unavailable {
+                problem: "no image".into(),
+            },
+            Error::BadInput {
+                problem: "relative path".into(),
+            },
+            Error::io("debootstrap", io()),
+        ] {
+            let kind = error.kind();
+            let core = agenthold_core::Error::from(error);
+            assert!(matches!(core, agenthold_core::Error::Backend { .. }), "{core:?}");
+            assert_eq!(core.kind(), kind);
+            assert_eq!(Error::from(core).kind(), kind);
+        }
+        let missing = agenthold_core::Error::from(Error::NotFound { agent: "a".into() });
+        assert!(
+            matches!(missing, agenthold_core::Error::NotFound { .. }),
+            "{missing:?}"
+        );
+        let label = Error::Core(agenthold_core::Error::Label {
+            key: "agenthold.x".into(),
+            problem: "reserved".into(),
+        });
+        let core = agenthold_core::Error::from(label);
+        assert!(matches!(core, agenthold_core::Error::Label { .. }), "{core:?}");
+    }
+}

@@ -19,8 +19,8 @@ use bollard::query_parameters::{
     CreateContainerOptionsBuilder, InspectContainerOptions, StartContainerOptions,
 };
 
-use crate::engine::Engine;
-use crate::error::{Error, Result, is_not_found};
+use crate::engine::{Engine, is_not_connected, is_not_found};
+use crate::error::{Error, Result};
 use crate::network::{AgentNetwork, GATEWAY_JOIN_HOST};
 
 /// The running holder container.
@@ -110,7 +110,7 @@ impl Holder {
             };
             match engine.docker.disconnect_network("none", disconnect).await {
                 Ok(()) => {}
-                Err(e) if is_not_found(&e) || e.to_string().contains("not connected") => {}
+                Err(e) if is_not_found(&e) || is_not_connected(&e) => {}
                 Err(e) => tracing::debug!(error = %e, "leaving the none network"),
             }
             let request = NetworkConnectRequest {
@@ -159,7 +159,7 @@ impl Holder {
         match engine.docker.disconnect_network(&net.name, request).await {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) if e.to_string().contains("not connected") => Ok(()),
+            Err(e) if is_not_connected(&e) => Ok(()),
             Err(e) => Err(Error::engine(
                 format!("disconnect the gateway from {}", net.name),
                 e,

@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 
 use crate::archive::Entry;
-use crate::error::is_not_found;
+use crate::engine::is_not_found;
 use crate::{Error, Result};
 
 /// The development image: Debian [`DEV_SUITE`] with [`DEV_PACKAGES`], built by [`ensure_dev_image`].

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use agenthold_core::{Config, ErrorKind};
+use agenthold_core::Config;
 use agenthold_sandbox::image::{DEV_IMAGE, DevImageOptions, current_dev_image, ensure_dev_image};
 use anyhow::Context;
 
@@ -52,9 +52,10 @@ enum Failure {
 
 impl From<agenthold_sandbox::Error> for Failure {
     fn from(e: agenthold_sandbox::Error) -> Self {
-        match e.kind() {
-            ErrorKind::BadInput => Self::BadInput(e.into()),
-            _ => Self::Engine(e.into()),
+        if e.kind().is_bad_input() {
+            Self::BadInput(e.into())
+        } else {
+            Self::Engine(e.into())
         }
     }
 }

@@ -22,7 +22,7 @@ pub fn check(data: &[u8]) {
 }
 
 fn check_error(text: &str, err: &Error) {
-    assert_eq!(err.kind(), ErrorKind::BadInput, "{text:?}: {err}");
+    assert_eq!(err.kind(), ErrorKind::Policy, "{text:?}: {err}");
     let message = err.to_string();
     assert!(
         message.contains(&format!("{text:?}")),

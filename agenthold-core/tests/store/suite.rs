@@ -365,7 +365,7 @@ pub(crate) fn second_open_is_an_error(open: Opener, root: &Path) {
     let first = open(root).unwrap();
     let err = open(root).map(drop).unwrap_err();
     assert!(matches!(err, Error::Store { .. }), "{err:?}");
-    assert_eq!(err.kind(), ErrorKind::Upstream);
+    assert_eq!(err.kind(), ErrorKind::Storage);
     drop(first);
     open(root).unwrap();
 }

@@ -36,6 +36,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use agenthold_core::ErrorKind;
+
 pub use hickory_proto as proto;
 
 pub use answer::Transport;
@@ -150,6 +152,17 @@ impl LookupError {
             Self::Malformed { .. } => "upstream_malformed",
             Self::Io { .. } => "upstream_io",
             Self::InvalidName { .. } => "invalid_name",
+        }
+    }
+
+    /// The class of this error.
+    #[must_use]
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Timeout { .. } => ErrorKind::Timeout,
+            Self::ServFail { .. } | Self::Malformed { .. } | Self::Io { .. } => ErrorKind::Upstream,
+            Self::NxDomain { .. } | Self::NoAddress { .. } => ErrorKind::NotFound,
+            Self::InvalidName { .. } => ErrorKind::BadInput,
         }
     }
 }

@@ -30,8 +30,8 @@ pub use exec::{Chunk, ExecHandle, MAX_CAPTURE};
 pub use reconcile::ReconcileReport;
 
 use crate::archive::{self, Entry};
-use crate::engine::Engine;
-use crate::error::{Error, Result, is_not_found};
+use crate::engine::{Engine, is_not_found, is_not_modified};
+use crate::error::{Error, Result};
 use crate::image;
 use crate::network::AgentNetwork;
 use crate::tunnel::{TunnelServer, new_token};
@@ -341,8 +341,9 @@ impl Sandbox for DockerSandbox {
             .stop_container(&container_name(agent), Some(options))
             .await
         {
-            // 304: already stopped.
-            Ok(()) | Err(bollard::errors::Error::DockerResponseServerError { status_code: 304, .. }) => {}
+            Ok(()) => {}
+            // Already stopped.
+            Err(e) if is_not_modified(&e) => {}
             Err(e) if is_not_found(&e) => return Err(not_found(agent).into()),
             Err(e) => return Err(Error::engine(format!("stop the sandbox of {agent}"), e).into()),
         }

@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::container::{container_name, write_boot_files};
 use super::{DockerSandbox, topology};
-use crate::engine::{LABEL_AGENT, LABEL_INSTANCE, LABEL_ROLE};
-use crate::error::{Error, Result, is_not_found};
+use crate::engine::{LABEL_AGENT, LABEL_INSTANCE, LABEL_ROLE, is_not_found};
+use crate::error::{Error, Result};
 use crate::holder::Holder;
 use crate::tunnel::new_token;
 

@@ -170,7 +170,7 @@ impl Topology {
                 .await
             {
                 Ok(()) => {}
-                Err(e) if crate::error::is_not_found(&e) => {}
+                Err(e) if crate::engine::is_not_found(&e) => {}
                 Err(e) => return Err(Error::engine("remove the gateway container", e)),
             }
             self.holder = None;

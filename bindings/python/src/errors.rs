@@ -1,6 +1,7 @@
 //! The exception hierarchy (`agenthold.Error` and its four subclasses) and the mapping from the Rust
-//! crates' error enums to it. Classification is data: the variant (and, for core errors, the kind) picks the
-//! class; the message is the Rust error's, which already names the offending value and what to do.
+//! crates' errors to it. Classification is data: the error's [`ErrorKind`] picks the class (errors that
+//! crossed the `Sandbox` trait boxed carry their kind with them, so nothing is downcast); the message is the
+//! Rust error's, which already names the offending value and what to do.
 
 use agenthold_core::ErrorKind;
 use pyo3::create_exception;
@@ -52,6 +53,24 @@ pub(crate) enum Class {
 }
 
 impl Class {
+    /// The class of an error of kind `kind`.
+    pub(crate) fn of(kind: ErrorKind) -> Self {
+        match kind {
+            ErrorKind::Policy => Self::Policy,
+            ErrorKind::Secret => Self::Secret,
+            // The caller's side: a bad spec, path or command, an unknown or stopped sandbox, a missing image
+            // or OCI runtime.
+            ErrorKind::BadInput | ErrorKind::NotFound | ErrorKind::Conflict | ErrorKind::Unavailable => {
+                Self::Sandbox
+            }
+            ErrorKind::Upstream | ErrorKind::Timeout | ErrorKind::Internal => Self::Engine,
+            // Config, Denied, Storage, Integrity (and any kind added later): configuration, refusals,
+            // agenthold's own storage, records that do not open; neither the sandbox call's input nor the
+            // engine.
+            _ => Self::Base,
+        }
+    }
+
     pub(crate) fn err(self, message: impl Into<String>) -> PyErr {
         let message = message.into();
         match self {
@@ -64,74 +83,34 @@ impl Class {
     }
 }
 
-/// Classify a core error; returns the class and the message.
-pub(crate) fn classify_core(e: agenthold_core::Error) -> (Class, String) {
-    use agenthold_core::Error as E;
-    match e {
-        E::PolicyEntry { .. } | E::HostName { .. } => (Class::Policy, e.to_string()),
-        E::Template { .. } | E::HeaderValue { .. } | E::Secret { .. } => (Class::Secret, e.to_string()),
-        // A reserved or malformed label is a bad sandbox spec, not a network policy (S15).
-        E::NotFound { .. } | E::InvalidId { .. } | E::Label { .. } => (Class::Sandbox, e.to_string()),
-        E::Backend {
-            kind,
-            context,
-            source,
-        } => match source.downcast::<agenthold_sandbox::Error>() {
-            // The runtime wraps its own errors into core's when they cross the `Sandbox` trait: unwrap them.
-            Ok(inner) => classify_sandbox(*inner),
-            Err(source) => {
-                let class = match kind {
-                    ErrorKind::BadInput | ErrorKind::NotFound => Class::Sandbox,
-                    _ => Class::Engine,
-                };
-                (class, format!("{context}: {source}"))
-            }
-        },
-        other => (Class::Base, other.to_string()),
-    }
-}
-
-/// Classify a sandbox-runtime error; returns the class and the message.
-pub(crate) fn classify_sandbox(e: agenthold_sandbox::Error) -> (Class, String) {
-    use agenthold_sandbox::Error as E;
-    match e {
-        E::Core(core) => classify_core(core),
-        E::NotFound { agent } => (
-            Class::Sandbox,
-            format!(
-                "sandbox {agent} not found: it was removed, or belongs to a runtime on another data directory"
-            ),
-        ),
-        E::Unavailable { .. } | E::BadInput { .. } => (Class::Sandbox, e.to_string()),
-        // A record changed outside agenthold (or another master key): neither the caller's input nor the
-        // engine.
-        E::StoredSecret { .. } => (Class::Base, e.to_string()),
-        // 409: the sandbox is not in a state for this (stopped, for an exec).
-        E::Engine {
-            source:
-                bollard::errors::Error::DockerResponseServerError {
-                    status_code: 409,
-                    message,
-                },
-            context,
-        } => (
-            Class::Sandbox,
-            format!("{context}: {message} (start the sandbox with start() first)"),
-        ),
-        other if other.kind() == ErrorKind::NotFound => (Class::Sandbox, other.to_string()),
-        other => (Class::Engine, other.to_string()),
-    }
+/// Classify an error of kind `kind` with the message `message`; returns the class and the message.
+pub(crate) fn classify(kind: ErrorKind, message: String) -> (Class, String) {
+    let message = if kind == ErrorKind::Conflict {
+        // A conflict (the engine's 409): the sandbox is not in a state for this (stopped, for an exec).
+        format!("{message} (start the sandbox with start() first)")
+    } else {
+        message
+    };
+    (Class::of(kind), message)
 }
 
 /// A sandbox-runtime error as a Python exception.
+#[expect(
+    clippy::needless_pass_by_value,
+    reason = "called as `map_err(…)`, which hands the error over"
+)]
 pub(crate) fn sandbox_err(e: agenthold_sandbox::Error) -> PyErr {
-    let (class, message) = classify_sandbox(e);
+    let (class, message) = classify(e.kind(), e.to_string());
     class.err(message)
 }
 
 /// A core error as a Python exception.
+#[expect(
+    clippy::needless_pass_by_value,
+    reason = "called as `map_err(…)`, which hands the error over"
+)]
 pub(crate) fn core_err(e: agenthold_core::Error) -> PyErr {
-    let (class, message) = classify_core(e);
+    let (class, message) = classify(e.kind(), e.to_string());
     class.err(message)
 }
 

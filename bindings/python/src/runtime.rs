@@ -308,7 +308,7 @@ impl NativeRuntime {
             Ok(r) => Arc::new(r),
             Err(e) => {
                 py.detach(move || tokio.shutdown_timeout(Duration::from_secs(5)));
-                let (class, message) = crate::errors::classify_sandbox(e);
+                let (class, message) = crate::errors::classify(e.kind(), e.to_string());
                 // At start, nothing is the caller's sandbox yet: an unreachable engine is the engine's.
                 let class = if class == Class::Sandbox {
                     Class::Engine

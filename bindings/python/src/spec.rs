@@ -23,7 +23,7 @@ pub(crate) struct Policy {
 impl Policy {
     fn parse(mode: PolicyMode, entries: Vec<String>) -> PyResult<Self> {
         let inner = NetworkPolicy::parse(mode, &entries).map_err(|e| {
-            let (class, message) = crate::errors::classify_core(e);
+            let (class, message) = crate::errors::classify(e.kind(), e.to_string());
             class.err(format!(
                 "{message}; entries look like github.com, *.npmjs.org, github.com:22, \
                  registry.example.com:* or 203.0.113.0/24:443"
