@@ -32,7 +32,7 @@ use crate::context::{AgentContext, Context};
 use crate::dial::DialError;
 use crate::http::{ConnCtx, Mode, Proto};
 use crate::io::{Rewind, SpliceEnd, splice, splice_tcp};
-use crate::log::{LogEntry, LogKind, PendingEntry};
+use crate::log::{LogEntry, LogKind, PendingEntry, Reason};
 use crate::open::Registration;
 use crate::sniff::{self, Protocol, Sniff};
 use crate::target::Target;
@@ -304,7 +304,7 @@ async fn connect_and_splice<C: ClientStream>(
     let verdict = gw.decide(&flow.on.agent, &target, flow.port);
     let mut entry = flow.entry(kind, verdict, target.to_string());
     if flow.note_ech && entry.reason.is_none() {
-        entry.reason = Some("ech_offered".into());
+        entry.set_reason(Reason::EchOffered);
     }
     if !verdict.is_allowed() {
         gw.log.record(entry);
@@ -454,8 +454,7 @@ async fn server_first<C: ClientStream>(flow: Flow, mut client: C, upstream: Dial
         match sniff::classify(&buf) {
             Protocol::Other => break,
             Protocol::Http => {
-                pending.entry.deny(DenyReason::Malformed);
-                pending.entry.reason = Some("malformed:http_after_server_greeting".into());
+                pending.entry.set_reason(Reason::HttpAfterServerGreeting);
                 return;
             }
             Protocol::Tls => match sniff::parse_client_hello(&buf) {

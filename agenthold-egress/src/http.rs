@@ -23,7 +23,7 @@ use crate::budget::{AgentBudget, ConnPermit};
 use crate::context::{AgentContext, Context};
 use crate::dial::DialError;
 use crate::io::{Activity, SpliceEnd, Tracked, splice_rewriting};
-use crate::log::{LogEntry, LogKind, PendingEntry};
+use crate::log::{LogEntry, LogKind, PendingEntry, Reason};
 use crate::reply::{answer, empty, full, refuse, refuse_pending};
 use crate::scrub;
 use crate::target::Target;
@@ -288,7 +288,7 @@ pub(crate) fn check_policy(
             Err(refuse(gw, entry, StatusCode::FORBIDDEN, reason.as_str()))
         }
         Verdict::Reported(reason) => {
-            entry.reason = Some(format!("report_only:{reason}"));
+            entry.set_reason(Reason::ReportOnly(reason));
             Ok(entry)
         }
         Verdict::Allowed => Ok(entry),
@@ -341,11 +341,9 @@ fn inject(
         }
         InjectOutcome::Forward { injected, leaked } => {
             if !leaked.is_empty() {
-                entry.reason = Some(format!(
-                    "{}:{} (logged only)",
-                    DenyReason::PlaceholderLeak,
-                    leaked.join(",")
-                ));
+                entry.set_reason(Reason::LeakLogged {
+                    secrets: leaked.join(","),
+                });
             }
             if injected.is_empty() {
                 return Ok(Injected::Forward);
