@@ -10,8 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use agenthold_core::AgentId;
 use agenthold_core::policy::{DenyReason, Verdict};
-use agenthold_core::secret::{InjectOutcome, RequestHead};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -22,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::budget::{AgentBudget, ConnPermit};
 use crate::context::{AgentContext, Context};
 use crate::dial::DialError;
+use crate::inject::{Injected, inject};
 use crate::io::{Activity, SpliceEnd, Tracked, splice_rewriting};
 use crate::log::{LogEntry, LogKind, PendingEntry, Reason};
 use crate::reply::{answer, empty, full, refuse, refuse_pending};
@@ -234,21 +234,13 @@ pub(crate) async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Respons
         Ok(entry) => entry,
         Err(refused) => return refused,
     };
-    match inject(ctx, tls_host, &target, &mut req, &mut entry) {
+    match inject(gw, &ctx.agent, tls_host, &target, &mut req, &mut entry) {
         Err((status, why)) => refuse(gw, entry, status, &why),
         Ok(Injected::Refresh(secret)) => {
             crate::refresh::answer(gw, &ctx.agent, req, &target, port, &secret, entry).await
         }
         Ok(Injected::Forward) => forward(ctx, req, &target, port, entry).await,
     }
-}
-
-/// What to do with a request once the injector has seen it.
-enum Injected {
-    /// Forward it (rewritten or not).
-    Forward,
-    /// Answer it as a token refresh of this secret.
-    Refresh(String),
 }
 
 /// The target of `host` as written by the sandbox, with `entry` pointed at it; an invalid host is
@@ -293,88 +285,6 @@ pub(crate) fn check_policy(
         }
         Verdict::Allowed => Ok(entry),
     }
-}
-
-/// Pass the request head through the secret injector. `Err` is the answer to give instead of forwarding
-/// (the entry is already marked).
-fn inject(
-    ctx: &ConnCtx,
-    tls_host: Option<&str>,
-    target: &Target,
-    req: &mut Request<Incoming>,
-    entry: &mut LogEntry,
-) -> Result<Injected, (StatusCode, String)> {
-    let Some(injector) = ctx.gw.injector.as_ref().filter(|i| i.has_secrets(&ctx.agent)) else {
-        return Ok(Injected::Forward);
-    };
-    let mut head = RequestHead {
-        method: req.method().as_str().to_owned(),
-        host: target.to_string(),
-        path_and_query: req
-            .uri()
-            .path_and_query()
-            .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
-        headers: req
-            .headers()
-            .iter()
-            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-            .collect(),
-    };
-    match injector.rewrite(&ctx.agent, tls_host, &mut head) {
-        InjectOutcome::Refuse {
-            status,
-            reason,
-            secret,
-        } => {
-            entry.deny(reason);
-            entry.secret = secret;
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN);
-            Err((status, reason.as_str().to_owned()))
-        }
-        InjectOutcome::Refresh { secret } if tls_host.is_some() => Ok(Injected::Refresh(secret)),
-        InjectOutcome::Refresh { .. } => {
-            entry.deny(DenyReason::PlaceholderLeak);
-            Err((
-                StatusCode::FORBIDDEN,
-                "token refreshes are answered over TLS only".to_owned(),
-            ))
-        }
-        InjectOutcome::Forward { injected, leaked } => {
-            if !leaked.is_empty() {
-                entry.set_reason(Reason::LeakLogged {
-                    secrets: leaked.join(","),
-                });
-            }
-            if injected.is_empty() {
-                return Ok(Injected::Forward);
-            }
-            apply_head(req, head).map_err(|why| {
-                entry.fail(format!("injection: {why}"));
-                (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("injection failed: {why}"),
-                )
-            })?;
-            entry.secret_injected = true;
-            entry.secret = Some(injected.join(","));
-            Ok(Injected::Forward)
-        }
-    }
-}
-
-/// Put a rewritten head back into the request.
-fn apply_head(req: &mut Request<Incoming>, head: RequestHead) -> Result<(), &'static str> {
-    let mut headers = HeaderMap::with_capacity(head.headers.len());
-    for (name, value) in head.headers {
-        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| "invalid header name")?;
-        let value = HeaderValue::from_bytes(&value).map_err(|_| "invalid header value")?;
-        headers.append(name, value);
-    }
-    *req.headers_mut() = headers;
-    let mut parts = req.uri().clone().into_parts();
-    parts.path_and_query = Some(head.path_and_query.parse().map_err(|_| "invalid path")?);
-    *req.uri_mut() = http::Uri::from_parts(parts).map_err(|_| "invalid URI")?;
-    Ok(())
 }
 
 /// Send the request upstream and stream the answer back (scrubbed, from intercepted hosts: E19).

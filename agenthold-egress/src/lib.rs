@@ -18,11 +18,11 @@
 //! nothing below imports it. A connection runs down the layers and never calls back up: `transparent` and
 //! `explicit` accept connections (`accept`; the explicit proxy answers CONNECT itself), `flow` decides
 //! what a connection's bytes are (TLS by SNI, HTTP by Host, other TCP by resolved name; E23) for both,
-//! `intercept` terminates TLS for secret rule hosts, `http` handles requests (injection included; token
-//! refreshes in `refresh`, the gateway's own answers in `reply`), `scrub` removes secret values from the
-//! answers of intercepted hosts (E19), `upstream` is the pooled upstream client, `dial` resolves and guards
-//! upstream addresses, `open` tracks long-lived connections and closes those a policy change denies (E21),
-//! and `io` splices bytes.
+//! `intercept` terminates TLS for secret rule hosts, `http` handles requests (the injector's step in
+//! `inject`, token refreshes in `refresh`, the gateway's own answers in `reply`), `scrub` removes secret
+//! values from the answers of intercepted hosts (E19), `upstream` is the pooled upstream client, `dial`
+//! resolves and guards upstream addresses, `open` tracks long-lived connections and closes those a policy
+//! change denies (E21), and `io` splices bytes.
 #![forbid(unsafe_code)]
 
 mod accept;
@@ -37,6 +37,7 @@ mod flow;
 pub mod gateway;
 pub mod guard;
 mod http;
+mod inject;
 mod intercept;
 mod io;
 pub mod log;

@@ -27,6 +27,7 @@ const WIRED_BY_GATEWAY: &[&str] = &[
     "explicit",
     "flow",
     "http",
+    "inject",
     "intercept",
     "open",
     "refresh",
