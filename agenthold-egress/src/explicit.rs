@@ -7,34 +7,37 @@ use std::sync::Arc;
 
 use agenthold_core::policy::{DenyReason, Verdict};
 use bytes::BytesMut;
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
+use crate::accept::accept;
+use crate::context::AgentContext;
 use crate::flow::{Aim, Dialled, Flow};
-use crate::gateway::Target;
-use crate::http::{ConnCtx, Mode, Proto, check_policy, empty, parse_target, refuse};
+use crate::http::{ConnCtx, Mode, Proto, check_policy, parse_target};
 use crate::io::Tracked;
 use crate::log::{LogEntry, LogKind};
+use crate::reply::{empty, refuse};
 use crate::sniff::split_host_port;
-use crate::transparent::Listener;
+use crate::target::Target;
 use crate::upstream::ProxyBody;
 
-/// Serve one agent's explicit-proxy listener.
-pub(crate) async fn serve(on: Listener, listener: TcpListener) {
-    on.accept(listener, |on, stream, permit| {
-        let ctx = Arc::new(ConnCtx {
-            gw: Arc::clone(&on.gw),
-            agent: on.agent.clone(),
-            budget: Arc::clone(&on.budget),
-            permit: std::sync::Mutex::new(Some(permit)),
-            mode: Mode::Explicit,
-            cancel: on.cancel.clone(),
-        });
+/// Serve one agent's explicit-proxy listener: CONNECT is answered here, every other request is an
+/// absolute-form HTTP request for [`crate::http`].
+pub(crate) async fn serve(on: AgentContext, listener: TcpListener) {
+    accept(on, listener, |on, stream, permit| {
         let span = tracing::debug_span!("explicit", agent = %on.agent);
-        crate::http::serve(ctx, stream, Proto::Http1).instrument(span)
+        let ctx = Arc::new(ConnCtx::new(on.clone(), Some(permit), Mode::Explicit));
+        crate::http::serve_with(ctx, stream, Proto::Http1, |ctx, req| async move {
+            if req.method() == Method::CONNECT {
+                connect(&ctx, req).await
+            } else {
+                crate::http::handle(&ctx, req).await
+            }
+        })
+        .instrument(span)
     })
     .await;
 }
@@ -42,7 +45,7 @@ pub(crate) async fn serve(on: Listener, listener: TcpListener) {
 /// Answer a CONNECT: decide the authority, dial it (a rule host is not dialled: its TLS is terminated
 /// here), answer 200, and hand the tunnel to [`crate::flow`], which decides its bytes as it decides a
 /// transparent connection's (TLS by SNI, which must name the CONNECT host; HTTP by each request's Host).
-pub(crate) async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<ProxyBody> {
+async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<ProxyBody> {
     let gw = &ctx.gw;
     let mut entry = LogEntry::new(&ctx.agent, LogKind::Connect, Verdict::Allowed);
     entry.method = Some("CONNECT".into());
@@ -71,7 +74,7 @@ pub(crate) async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Respon
         entry.deny(DenyReason::OverBudget);
         return refuse(gw, entry, StatusCode::SERVICE_UNAVAILABLE, "over_budget");
     };
-    let rule_host = matches!(&target, Target::Name(n) if crate::intercept::wanted(gw, &ctx.agent, n));
+    let rule_host = matches!(&target, Target::Name(n) if gw.intercepts(&ctx.agent, n));
     let dialled = if rule_host {
         None
     } else {
@@ -94,10 +97,12 @@ pub(crate) async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Respon
     };
     let on_upgrade = hyper::upgrade::on(&mut req);
     let flow = Flow {
-        gw: Arc::clone(gw),
-        agent: ctx.agent.clone(),
-        budget: Arc::clone(&ctx.budget),
-        cancel: ctx.cancel.clone(),
+        on: AgentContext {
+            gw: Arc::clone(gw),
+            agent: ctx.agent.clone(),
+            budget: Arc::clone(&ctx.budget),
+            cancel: ctx.cancel.clone(),
+        },
         aim: Aim::Tunnel(target),
         port,
         permit: Some(permit),
@@ -110,7 +115,7 @@ pub(crate) async fn connect(ctx: &ConnCtx, mut req: Request<Incoming>) -> Respon
                 Ok(upgraded) => tunnel(flow, upgraded, dialled).await,
                 Err(e) => {
                     entry.fail(format!("upgrade failed: {e}"));
-                    flow.gw.log.record(entry);
+                    flow.on.gw.log.record(entry);
                 }
             }
         };

@@ -21,22 +21,21 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agenthold_core::AgentId;
 use agenthold_core::policy::{DenyReason, Verdict, normalize_name};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use crate::budget::{AgentBudget, ConnPermit};
+use crate::budget::ConnPermit;
+use crate::context::{AgentContext, Context};
 use crate::dial::DialError;
-use crate::gateway::{Shared, Target};
 use crate::http::{ConnCtx, Mode, Proto};
-use crate::io::{SpliceEnd, splice, splice_tcp};
-use crate::log::{LogEntry, LogKind, PendingEntry};
+use crate::io::{Rewind, SpliceEnd, splice, splice_tcp};
+use crate::log::{LogEntry, LogKind, PendingEntry, Reason};
 use crate::open::Registration;
 use crate::sniff::{self, Protocol, Sniff};
+use crate::target::Target;
 
 /// How long to wait for a client's first bytes on ports where the client may not speak first (SMTP, MySQL,
 /// …): after this, the upstream is dialled and its greeting relayed, and the client's bytes are read
@@ -75,10 +74,8 @@ pub(crate) enum Aim {
 
 /// One connection to decide.
 pub(crate) struct Flow {
-    pub(crate) gw: Arc<Shared>,
-    pub(crate) agent: AgentId,
-    pub(crate) budget: Arc<AgentBudget>,
-    pub(crate) cancel: CancellationToken,
+    /// The agent it belongs to.
+    pub(crate) on: AgentContext,
     pub(crate) aim: Aim,
     pub(crate) port: u16,
     /// The connection permit it holds (a tunnel's own; a transparent connection's is held by its task).
@@ -113,11 +110,11 @@ impl Flow {
         match &self.aim {
             Aim::Tunnel(target) => target.clone(),
             Aim::Orig(orig) => {
-                let names = self.gw.records.names_for(&self.agent, orig.ip());
+                let names = self.on.gw.records.names_for(&self.on.agent, orig.ip());
                 names
                     .into_iter()
                     .map(Target::Name)
-                    .find(|t| self.gw.decide(&self.agent, t, self.port).is_allowed())
+                    .find(|t| self.on.gw.decide(&self.on.agent, t, self.port).is_allowed())
                     .unwrap_or(Target::Addr(orig.ip()))
             }
         }
@@ -133,7 +130,7 @@ impl Flow {
     }
 
     fn entry(&self, kind: LogKind, verdict: Verdict, host: impl Into<String>) -> LogEntry {
-        let mut entry = LogEntry::new(&self.agent, kind, verdict).to(host, self.port);
+        let mut entry = LogEntry::new(&self.on.agent, kind, verdict).to(host, self.port);
         if kind == LogKind::Connect {
             entry.method = Some("CONNECT".into());
             entry.status = verdict.is_allowed().then_some(200);
@@ -146,13 +143,14 @@ impl Flow {
     fn record_tunnel(&self) {
         if let Aim::Tunnel(target) = &self.aim {
             let entry = self.entry(LogKind::Connect, Verdict::Allowed, target.to_string());
-            self.gw.log.record(entry);
+            self.on.gw.log.record(entry);
         }
     }
 
     /// Log a connection refused before anything was forwarded.
     fn refuse(&self, kind: LogKind, reason: DenyReason, host: impl Into<String>) {
-        self.gw
+        self.on
+            .gw
             .log
             .record(self.entry(kind, Verdict::Denied(reason), host));
     }
@@ -167,21 +165,8 @@ impl Flow {
 
 /// Decide and serve `client`, whose first bytes (possibly none yet) are in `buf`. `upstream` is a
 /// connection already dialled (for a tunnel's target), used when the decision lands on its target.
-///
-/// Boxed: a tunnel's requests can open tunnels in turn (CONNECT inside an intercepted connection is
-/// refused, but the types still recurse), and the compiler needs the recursion to go through a named
-/// `Send` future.
-pub(crate) fn serve<C: ClientStream>(
-    flow: Flow,
-    client: C,
-    buf: BytesMut,
-    upstream: Dialled,
-) -> futures_util::future::BoxFuture<'static, ()> {
-    Box::pin(serve_connection(flow, client, buf, upstream))
-}
-
-async fn serve_connection<C: ClientStream>(flow: Flow, mut client: C, mut buf: BytesMut, upstream: Dialled) {
-    let sniff = flow.gw.timeouts.sniff;
+pub(crate) async fn serve<C: ClientStream>(flow: Flow, mut client: C, mut buf: BytesMut, upstream: Dialled) {
+    let sniff = flow.on.gw.timeouts.sniff;
     if buf.is_empty() {
         let wait = if matches!(flow.port, 80 | 443) {
             sniff
@@ -241,15 +226,8 @@ async fn read_more<C: ClientStream>(client: &mut C, buf: &mut BytesMut, deadline
 /// Plain HTTP: every request on the connection is decided by its own `Host` (hyper serves it).
 async fn http<C: ClientStream>(flow: Flow, client: C, buf: BytesMut) {
     flow.record_tunnel();
-    let ctx = Arc::new(ConnCtx {
-        gw: flow.gw,
-        agent: flow.agent,
-        budget: flow.budget,
-        permit: std::sync::Mutex::new(flow.permit),
-        mode: Mode::Transparent { port: flow.port },
-        cancel: flow.cancel,
-    });
-    crate::http::serve(ctx, crate::io::Rewind::new(buf.freeze(), client), Proto::Http1).await;
+    let ctx = ConnCtx::new(flow.on, flow.permit, Mode::Transparent { port: flow.port });
+    crate::http::serve(Arc::new(ctx), Rewind::new(buf.freeze(), client), Proto::Http1).await;
 }
 
 /// TLS: decided by the SNI (or, without one, by the address or tunnel target); intercepted for hosts with a
@@ -289,19 +267,20 @@ async fn tls<C: ClientStream>(
         return flow.refuse(LogKind::Connect, DenyReason::HostMismatch, target.to_string());
     }
     if let Target::Name(name) = &target
-        && crate::intercept::wanted(&flow.gw, &flow.agent, name)
+        && flow.on.gw.intercepts(&flow.on.agent, name)
     {
-        let verdict = flow.gw.decide(&flow.agent, &target, flow.port);
+        let verdict = flow.on.gw.decide(&flow.on.agent, &target, flow.port);
         if !verdict.is_allowed() {
-            flow.gw
+            flow.on
+                .gw
                 .log
                 .record(flow.entry(LogKind::Tls, verdict, name.clone()));
             return;
         }
         flow.record_tunnel();
-        let io = crate::io::Rewind::new(buf.freeze(), client);
+        let io = Rewind::new(buf.freeze(), client);
         let sni = name.clone();
-        return crate::intercept::serve(flow, io, sni).await;
+        return crate::intercept::serve(flow.on, flow.permit, flow.port, io, sni).await;
     }
     let kind = flow.tls_kind();
     let mut flow = flow;
@@ -321,11 +300,11 @@ async fn connect_and_splice<C: ClientStream>(
     prefix: Bytes,
     upstream: Dialled,
 ) {
-    let gw = &flow.gw;
-    let verdict = gw.decide(&flow.agent, &target, flow.port);
+    let gw = &flow.on.gw;
+    let verdict = gw.decide(&flow.on.agent, &target, flow.port);
     let mut entry = flow.entry(kind, verdict, target.to_string());
     if flow.note_ech && entry.reason.is_none() {
-        entry.reason = Some("ech_offered".into());
+        entry.set_reason(Reason::EchOffered);
     }
     if !verdict.is_allowed() {
         gw.log.record(entry);
@@ -351,12 +330,13 @@ async fn dial(flow: &Flow, target: &Target) -> Result<TcpStream, DialError> {
     };
     match target {
         Target::Name(n) => flow
+            .on
             .gw
             .dialer
             .dial_name(n, flow.port, prefer)
             .await
             .map(|(s, _)| s),
-        Target::Addr(a) => flow.gw.dialer.dial_addr((*a, flow.port).into()).await,
+        Target::Addr(a) => flow.on.gw.dialer.dial_addr((*a, flow.port).into()).await,
     }
 }
 
@@ -371,10 +351,12 @@ async fn splice_registered<C: ClientStream>(
     target: &Target,
     registration: Option<Registration>,
 ) {
-    let gw = &flow.gw;
+    let gw = &flow.on.gw;
     let registration = match registration {
         Some(r) => r,
-        None => gw.open.register_logged(pending, &flow.agent, target, flow.port),
+        None => gw
+            .open
+            .register_logged(pending, &flow.on.agent, target, flow.port),
     };
     if let Err(e) = upstream.write_all(&prefix).await {
         pending.entry.fail(format!("upstream: {e}"));
@@ -398,12 +380,12 @@ async fn splice_registered<C: ClientStream>(
     let revoked = tokio::select! {
         end = spliced => {
             if let SpliceEnd::Error(e) = end {
-                tracing::debug!(agent = %flow.agent, error = %e, "splice ended with an error");
+                tracing::debug!(agent = %flow.on.agent, error = %e, "splice ended with an error");
             }
             false
         }
         () = registration.revoke.cancelled() => true,
-        () = flow.cancel.cancelled() => false,
+        () = flow.on.cancel.cancelled() => false,
     };
     if revoked {
         pending.revoked();
@@ -415,28 +397,29 @@ async fn splice_registered<C: ClientStream>(
 async fn server_first<C: ClientStream>(flow: Flow, mut client: C, upstream: Dialled) {
     let target = flow.name_or_address();
     let kind = flow.other_kind();
-    let verdict = flow.gw.decide(&flow.agent, &target, flow.port);
+    let verdict = flow.on.gw.decide(&flow.on.agent, &target, flow.port);
     let entry = flow.entry(kind, verdict, target.to_string());
     if !verdict.is_allowed() {
-        return flow.gw.log.record(entry);
+        return flow.on.gw.log.record(entry);
     }
     let mut upstream = match upstream {
         Some((dialled, s)) if dialled == target => s,
         _ => match dial(&flow, &target).await {
             Ok(s) => s,
-            Err(e) => return record_dial_error(&flow.gw, entry, &e),
+            Err(e) => return record_dial_error(&flow.on.gw, entry, &e),
         },
     };
-    let mut pending = PendingEntry::new(&flow.gw.log, entry);
+    let mut pending = PendingEntry::new(&flow.on.gw.log, entry);
     // Open from now on: a policy change closes it while it waits, too (E21).
     let registration = flow
+        .on
         .gw
         .open
-        .register_logged(&mut pending, &flow.agent, &target, flow.port);
+        .register_logged(&mut pending, &flow.on.agent, &target, flow.port);
     let mut buf = BytesMut::with_capacity(4096);
     let mut greeting = vec![0u8; 4096];
     let mut spoke = false;
-    let idle = flow.gw.timeouts.idle;
+    let idle = flow.on.gw.timeouts.idle;
     loop {
         tokio::select! {
             read = client.read_buf(&mut buf) => match read {
@@ -455,10 +438,10 @@ async fn server_first<C: ClientStream>(flow: Flow, mut client: C, upstream: Dial
             },
             () = tokio::time::sleep(idle) => return,
             () = registration.revoke.cancelled() => return pending.revoked(),
-            () = flow.cancel.cancelled() => return,
+            () = flow.on.cancel.cancelled() => return,
         }
     }
-    let deadline = Instant::now() + flow.gw.timeouts.sniff;
+    let deadline = Instant::now() + flow.on.gw.timeouts.sniff;
     if !spoke {
         // Nothing crossed yet: decide the client's bytes as if they had come first.
         pending.discard();
@@ -471,8 +454,7 @@ async fn server_first<C: ClientStream>(flow: Flow, mut client: C, upstream: Dial
         match sniff::classify(&buf) {
             Protocol::Other => break,
             Protocol::Http => {
-                pending.entry.deny(DenyReason::Malformed);
-                pending.entry.reason = Some("malformed:http_after_server_greeting".into());
+                pending.entry.set_reason(Reason::HttpAfterServerGreeting);
                 return;
             }
             Protocol::Tls => match sniff::parse_client_hello(&buf) {
@@ -514,7 +496,7 @@ async fn server_first<C: ClientStream>(flow: Flow, mut client: C, upstream: Dial
 }
 
 /// Log a failed dial: a guard refusal is a denial, anything else an upstream failure.
-pub(crate) fn record_dial_error(gw: &Shared, mut entry: LogEntry, e: &DialError) {
+pub(crate) fn record_dial_error(gw: &Context, mut entry: LogEntry, e: &DialError) {
     if e.is_blocked() {
         entry.deny(DenyReason::BlockedAddress);
     } else {

@@ -2,6 +2,10 @@
 //! log, and per agent a set of already-bound sockets (made inside the gateway's network namespace by the
 //! caller) on which it serves the transparent proxy, the explicit proxy and DNS.
 //!
+//! This module only builds and wires: [`GatewayBuilder::build`] makes the state every proxy shares (the
+//! crate's internal `context`), [`Gateway::attach`] starts an agent's listeners on it, and the stats read
+//! it back. The proxies never call into the gateway.
+//!
 //! Agent identity comes from which sockets a connection or query arrives on: the caller binds each agent's
 //! sockets to that agent's gateway address, and the nftables rules only let an agent's interface reach its
 //! own address. Nothing the sandbox sends is used to identify it.
@@ -27,114 +31,15 @@ use tokio_util::task::TaskTracker;
 
 use crate::budget::{AgentBudget, Budget};
 use crate::ca::CertificateAuthority;
+use crate::context::{AgentContext, Context};
 use crate::dial::{Dialer, Resolve};
 use crate::dns;
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::log::RequestLog;
 use crate::open::OpenConnections;
-use crate::upstream::HttpClient;
 
-/// Timeouts of every network wait in the gateway.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
-    /// Waiting for a ClientHello or a request head (default 10 s).
-    pub sniff: Duration,
-    /// Connecting to an upstream (default 10 s).
-    pub connect: Duration,
-    /// A connection idle in both directions is closed (default 600 s).
-    pub idle: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Self {
-            sniff: Duration::from_secs(10),
-            connect: Duration::from_secs(10),
-            idle: Duration::from_secs(600),
-        }
-    }
-}
-
-impl Timeouts {
-    /// The timeouts configured in `egress`.
-    #[must_use]
-    pub fn from_config(egress: &EgressConfig) -> Self {
-        Self {
-            sniff: Duration::from_secs(egress.sniff_timeout_secs),
-            connect: Duration::from_secs(egress.connect_timeout_secs),
-            idle: Duration::from_secs(egress.idle_timeout_secs),
-        }
-    }
-}
-
-/// Where a connection or request wants to go: a (normalised) name, or an address when there is no name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Target {
-    Name(String),
-    Addr(IpAddr),
-}
-
-impl Target {
-    /// A target from a host as written by the sandbox (`Host`, CONNECT authority, SNI): an IP literal
-    /// (IPv6 possibly in brackets) or a name, normalised.
-    pub(crate) fn parse(host: &str) -> std::result::Result<Self, DenyReason> {
-        let bare = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        if let Ok(ip) = bare.parse::<IpAddr>() {
-            return Ok(Self::Addr(ip));
-        }
-        normalize_name(host)
-            .map(Self::Name)
-            .map_err(|_| DenyReason::InvalidName)
-    }
-}
-
-impl fmt::Display for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Name(n) => f.write_str(n),
-            Self::Addr(a) => write!(f, "{a}"),
-        }
-    }
-}
-
-/// State shared by every agent's tasks.
-pub(crate) struct Shared {
-    pub(crate) policy: Arc<dyn EgressPolicy>,
-    pub(crate) injector: Option<Arc<dyn SecretInjector>>,
-    /// Server side of interception; `None` when the gateway has no CA (then nothing is intercepted).
-    pub(crate) tls_server: Option<Arc<rustls::ServerConfig>>,
-    pub(crate) log: Arc<RequestLog>,
-    pub(crate) records: Arc<dns::Records>,
-    pub(crate) dialer: Dialer,
-    pub(crate) client: HttpClient,
-    /// The same, speaking only HTTP/1.1 upstream: protocol upgrades (WebSocket) exist only there, and the
-    /// pooled client would pick h2 with an upstream that offers it.
-    pub(crate) client_h1: HttpClient,
-    pub(crate) timeouts: Timeouts,
-    pub(crate) disabled: bool,
-    /// Connection and request budgets (E20).
-    pub(crate) budget: Arc<Budget>,
-    /// Open long-lived connections, swept on policy changes (E21).
-    pub(crate) open: Arc<OpenConnections>,
-}
-
-impl Shared {
-    /// Decide `target:port` for `agent`.
-    pub(crate) fn decide(&self, agent: &AgentId, target: &Target, port: u16) -> Verdict {
-        if self.disabled {
-            return Verdict::Denied(DenyReason::EgressDisabled);
-        }
-        let dest = match target {
-            Target::Name(n) => Destination::name(n.clone(), port),
-            Target::Addr(a) => Destination::addr(*a, port),
-        };
-        self.policy.decide(agent, &dest)
-    }
-}
+pub use crate::context::Timeouts;
 
 /// Options that weaken the gateway for tests on a machine without internet. Nothing here is needed in
 /// production; each option says what it gives up.
@@ -409,7 +314,7 @@ impl GatewayBuilder {
         );
         let dns_budget = Arc::new(dns::DnsBudget::new(self.dns_limits));
         let dialer = Dialer::new(resolver, Arc::clone(&guard), connect_to, self.timeouts.connect);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Context {
             policy,
             injector: self.injector,
             tls_server,
@@ -433,10 +338,7 @@ impl GatewayBuilder {
         });
         let root = CancellationToken::new();
         let tasks = TaskTracker::new();
-        tasks.spawn(OpenConnections::sweep_forever(
-            Arc::downgrade(&shared),
-            root.clone(),
-        ));
+        tasks.spawn(Context::sweep_open_forever(Arc::downgrade(&shared), root.clone()));
         Ok(Gateway {
             shared,
             upstream,
@@ -452,7 +354,7 @@ impl GatewayBuilder {
 
 /// The egress gateway. Serve an agent with [`Gateway::attach`]; read its log with [`Gateway::log`].
 pub struct Gateway {
-    shared: Arc<Shared>,
+    shared: Arc<Context>,
     upstream: Arc<dns::Upstream>,
     synthetic: Arc<dns::SyntheticNames>,
     guard: Arc<Guard>,
@@ -528,7 +430,7 @@ impl Gateway {
             }
             budget
         };
-        let on = crate::transparent::Listener {
+        let on = AgentContext {
             gw: Arc::clone(&self.shared),
             agent: agent.clone(),
             budget,

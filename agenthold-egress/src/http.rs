@@ -6,24 +6,27 @@
 //! both ways; nothing is buffered.
 
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use agenthold_core::AgentId;
 use agenthold_core::policy::{DenyReason, Verdict};
-use agenthold_core::secret::{InjectOutcome, RequestHead};
-use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::sync::CancellationToken;
 
+use crate::budget::{AgentBudget, ConnPermit};
+use crate::context::{AgentContext, Context};
 use crate::dial::DialError;
-use crate::gateway::{Shared, Target};
-use crate::io::{SpliceEnd, splice_rewriting};
-use crate::log::{LogEntry, LogKind, PendingEntry};
+use crate::inject::{Injected, inject};
+use crate::io::{Activity, SpliceEnd, Tracked, splice_rewriting};
+use crate::log::{LogEntry, LogKind, PendingEntry, Reason};
+use crate::reply::{answer, empty, full, refuse, refuse_pending};
 use crate::scrub;
+use crate::target::Target;
 use crate::upstream::{LoggedBody, ProxyBody, counted, strip_hop_by_hop, upstream_request};
 
 /// Largest request head accepted from a sandbox (hyper's read buffer cap for HTTP/1, header list cap for
@@ -42,7 +45,8 @@ pub(crate) enum Mode {
         /// The original destination port.
         port: u16,
     },
-    /// The explicit proxy: absolute-form URIs (CONNECT is handled by the explicit proxy itself).
+    /// The explicit proxy: absolute-form URIs (CONNECT is answered by the explicit proxy before a request
+    /// gets here).
     Explicit,
     /// A TLS connection to a rule host, terminated with the installation's CA.
     Intercepted {
@@ -62,44 +66,69 @@ pub(crate) enum Proto {
 
 /// Per-connection context of an HTTP client connection.
 pub(crate) struct ConnCtx {
-    pub(crate) gw: Arc<Shared>,
+    pub(crate) gw: Arc<Context>,
     pub(crate) agent: AgentId,
     /// The agent's share of the gateway's budgets (E20).
-    pub(crate) budget: Arc<crate::budget::AgentBudget>,
+    pub(crate) budget: Arc<AgentBudget>,
     /// The connection's permit of that budget: a CONNECT tunnel or a WebSocket takes it over, since it
     /// outlives the HTTP exchange that opened it (one permit per client connection, whatever it becomes).
-    pub(crate) permit: std::sync::Mutex<Option<crate::budget::ConnPermit>>,
+    pub(crate) permit: Mutex<Option<ConnPermit>>,
     pub(crate) mode: Mode,
     /// Fires when the agent is detached or the gateway shuts down; tasks spawned for this connection
     /// (tunnels, upgrades) end with it.
-    pub(crate) cancel: tokio_util::sync::CancellationToken,
+    pub(crate) cancel: CancellationToken,
 }
 
 impl ConnCtx {
+    /// The context of a connection of `on` holding `permit`, whose requests arrive as `mode` says.
+    pub(crate) fn new(on: AgentContext, permit: Option<ConnPermit>, mode: Mode) -> Self {
+        let AgentContext {
+            gw,
+            agent,
+            budget,
+            cancel,
+        } = on;
+        Self {
+            gw,
+            agent,
+            budget,
+            permit: Mutex::new(permit),
+            mode,
+            cancel,
+        }
+    }
+
     /// The connection's permit for a tunnel or WebSocket it turns into: the one it holds, or a new one
     /// (an HTTP/2 connection, or a second upgrade) when the budget allows.
-    pub(crate) fn take_permit(&self) -> Option<crate::budget::ConnPermit> {
-        let held = self
-            .permit
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+    pub(crate) fn take_permit(&self) -> Option<ConnPermit> {
+        let held = self.permit.lock().unwrap_or_else(PoisonError::into_inner).take();
         held.or_else(|| self.gw.budget.connection(&self.budget))
     }
 }
 
-/// Serve HTTP on `io` (a sandbox connection) until it closes or idles out.
+/// Serve HTTP on `io` (a sandbox connection) until it closes or idles out: every request is [`handle`]d.
 pub(crate) async fn serve<IO>(ctx: Arc<ConnCtx>, io: IO, proto: Proto)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    serve_with(ctx, io, proto, |ctx, req| async move { handle(&ctx, req).await }).await;
+}
+
+/// Serve HTTP on `io` until it closes or idles out, answering every request with `respond` (the explicit
+/// proxy answers CONNECT itself and hands everything else to [`handle`]).
+pub(crate) async fn serve_with<IO, R, F>(ctx: Arc<ConnCtx>, io: IO, proto: Proto, respond: R)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    R: Fn(Arc<ConnCtx>, Request<Incoming>) -> F + Send + 'static,
+    F: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
     let timeouts = ctx.gw.timeouts;
-    let activity = crate::io::Activity::new();
+    let activity = Activity::new();
     activity.touch();
-    let io = TokioIo::new(crate::io::Tracked::new(io, activity.clone()));
+    let io = TokioIo::new(Tracked::new(io, activity.clone()));
     let service = hyper::service::service_fn(move |req| {
-        let ctx = Arc::clone(&ctx);
-        async move { Ok::<_, Infallible>(handle(&ctx, req).await) }
+        let answered = respond(Arc::clone(&ctx), req);
+        async move { Ok::<_, Infallible>(answered.await) }
     });
     let served = async {
         match proto {
@@ -157,16 +186,14 @@ fn request_target(mode: &Mode, req: &Request<Incoming>) -> Result<(String, u16),
     Ok((host, port))
 }
 
-/// Handle one request from a sandbox.
-async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<ProxyBody> {
+/// Handle one request from a sandbox (CONNECT is refused: only the explicit proxy serves it, before a
+/// request reaches this).
+pub(crate) async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<ProxyBody> {
     let gw = &ctx.gw;
     let mut entry = LogEntry::new(&ctx.agent, LogKind::Http, Verdict::Allowed);
     entry.method = Some(req.method().as_str().to_owned());
     entry.path = Some(req.uri().path().to_owned());
     if req.method() == Method::CONNECT {
-        if matches!(ctx.mode, Mode::Explicit) {
-            return crate::explicit::connect(ctx, req).await;
-        }
         entry.deny(DenyReason::Malformed);
         return refuse(
             gw,
@@ -207,28 +234,20 @@ async fn handle(ctx: &ConnCtx, mut req: Request<Incoming>) -> Response<ProxyBody
         Ok(entry) => entry,
         Err(refused) => return refused,
     };
-    match inject(ctx, tls_host, &target, &mut req, &mut entry) {
+    match inject(gw, &ctx.agent, tls_host, &target, &mut req, &mut entry) {
         Err((status, why)) => refuse(gw, entry, status, &why),
         Ok(Injected::Refresh(secret)) => {
-            crate::refresh::answer(ctx, req, &target, port, &secret, entry).await
+            crate::refresh::answer(gw, &ctx.agent, req, &target, port, &secret, entry).await
         }
         Ok(Injected::Forward) => forward(ctx, req, &target, port, entry).await,
     }
-}
-
-/// What to do with a request once the injector has seen it.
-enum Injected {
-    /// Forward it (rewritten or not).
-    Forward,
-    /// Answer it as a token refresh of this secret.
-    Refresh(String),
 }
 
 /// The target of `host` as written by the sandbox, with `entry` pointed at it; an invalid host is
 /// refused (403) and logged.
 #[allow(clippy::result_large_err)] // the error is the answer itself, built once on a cold path
 pub(crate) fn parse_target(
-    gw: &Shared,
+    gw: &Context,
     entry: LogEntry,
     host: String,
     port: u16,
@@ -249,7 +268,7 @@ pub(crate) fn parse_target(
 /// Ask the policy about `target:port`; a denial is answered (403) and logged, a report-only denial noted.
 #[allow(clippy::result_large_err)] // the error is the answer itself, built once on a cold path
 pub(crate) fn check_policy(
-    gw: &Shared,
+    gw: &Context,
     agent: &AgentId,
     target: &Target,
     port: u16,
@@ -261,95 +280,11 @@ pub(crate) fn check_policy(
             Err(refuse(gw, entry, StatusCode::FORBIDDEN, reason.as_str()))
         }
         Verdict::Reported(reason) => {
-            entry.reason = Some(format!("report_only:{reason}"));
+            entry.set_reason(Reason::ReportOnly(reason));
             Ok(entry)
         }
         Verdict::Allowed => Ok(entry),
     }
-}
-
-/// Pass the request head through the secret injector. `Err` is the answer to give instead of forwarding
-/// (the entry is already marked).
-fn inject(
-    ctx: &ConnCtx,
-    tls_host: Option<&str>,
-    target: &Target,
-    req: &mut Request<Incoming>,
-    entry: &mut LogEntry,
-) -> Result<Injected, (StatusCode, String)> {
-    let Some(injector) = ctx.gw.injector.as_ref().filter(|i| i.has_secrets(&ctx.agent)) else {
-        return Ok(Injected::Forward);
-    };
-    let mut head = RequestHead {
-        method: req.method().as_str().to_owned(),
-        host: target.to_string(),
-        path_and_query: req
-            .uri()
-            .path_and_query()
-            .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
-        headers: req
-            .headers()
-            .iter()
-            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-            .collect(),
-    };
-    match injector.rewrite(&ctx.agent, tls_host, &mut head) {
-        InjectOutcome::Refuse {
-            status,
-            reason,
-            secret,
-        } => {
-            entry.deny(reason);
-            entry.secret = secret;
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN);
-            Err((status, reason.as_str().to_owned()))
-        }
-        InjectOutcome::Refresh { secret } if tls_host.is_some() => Ok(Injected::Refresh(secret)),
-        InjectOutcome::Refresh { .. } => {
-            entry.deny(DenyReason::PlaceholderLeak);
-            Err((
-                StatusCode::FORBIDDEN,
-                "token refreshes are answered over TLS only".to_owned(),
-            ))
-        }
-        InjectOutcome::Forward { injected, leaked } => {
-            if !leaked.is_empty() {
-                entry.reason = Some(format!(
-                    "{}:{} (logged only)",
-                    DenyReason::PlaceholderLeak,
-                    leaked.join(",")
-                ));
-            }
-            if injected.is_empty() {
-                return Ok(Injected::Forward);
-            }
-            apply_head(req, head).map_err(|why| {
-                entry.fail(format!("injection: {why}"));
-                (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("injection failed: {why}"),
-                )
-            })?;
-            entry.secret_injected = true;
-            entry.secret = Some(injected.join(","));
-            Ok(Injected::Forward)
-        }
-    }
-}
-
-/// Put a rewritten head back into the request.
-fn apply_head(req: &mut Request<Incoming>, head: RequestHead) -> Result<(), &'static str> {
-    let mut headers = HeaderMap::with_capacity(head.headers.len());
-    for (name, value) in head.headers {
-        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| "invalid header name")?;
-        let value = HeaderValue::from_bytes(&value).map_err(|_| "invalid header value")?;
-        headers.append(name, value);
-    }
-    *req.headers_mut() = headers;
-    let mut parts = req.uri().clone().into_parts();
-    parts.path_and_query = Some(head.path_and_query.parse().map_err(|_| "invalid path")?);
-    *req.uri_mut() = http::Uri::from_parts(parts).map_err(|_| "invalid URI")?;
-    Ok(())
 }
 
 /// Send the request upstream and stream the answer back (scrubbed, from intercepted hosts: E19).
@@ -515,44 +450,4 @@ async fn tunnel_upgrade(
         }
         Err(e) => pending.entry.fail(format!("upgrade failed: {e}")),
     }
-}
-
-/// A short plain-text answer from the gateway itself, logged now.
-pub(crate) fn refuse(gw: &Shared, mut entry: LogEntry, status: StatusCode, why: &str) -> Response<ProxyBody> {
-    entry.status = Some(status.as_u16());
-    gw.log.record(entry);
-    answer(status, why)
-}
-
-/// [`refuse`] for an entry that is already pending (it is recorded when `pending` drops, here).
-pub(crate) fn refuse_pending(
-    mut pending: PendingEntry,
-    status: StatusCode,
-    why: &str,
-) -> Response<ProxyBody> {
-    pending.entry.status = Some(status.as_u16());
-    drop(pending);
-    answer(status, why)
-}
-
-fn answer(status: StatusCode, why: &str) -> Response<ProxyBody> {
-    let mut resp = Response::new(full(format!("agenthold: {why}\n")));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp
-}
-
-pub(crate) fn full(text: impl Into<Bytes>) -> ProxyBody {
-    http_body_util::Full::new(text.into())
-        .map_err(|never| match never {})
-        .boxed()
-}
-
-pub(crate) fn empty() -> ProxyBody {
-    http_body_util::Empty::new()
-        .map_err(|never| match never {})
-        .boxed()
 }

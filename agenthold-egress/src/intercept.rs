@@ -9,45 +9,21 @@ use std::sync::Arc;
 
 use agenthold_core::AgentId;
 use agenthold_core::policy::Verdict;
-use futures_util::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::flow::Flow;
-use crate::gateway::Shared;
+use crate::budget::ConnPermit;
+use crate::context::{AgentContext, Context};
 use crate::http::{ConnCtx, Mode, Proto};
 use crate::log::{LogEntry, LogKind};
 
-/// Whether connections from `agent` to `host` are intercepted: the gateway has a CA and the injector
-/// names the host.
-pub(crate) fn wanted(gw: &Shared, agent: &AgentId, host: &str) -> bool {
-    gw.tls_server.is_some() && gw.injector.as_ref().is_some_and(|i| i.intercepts(agent, host))
-}
-
-/// Terminate TLS on `io` (positioned at the ClientHello) as `sni` and serve the requests on it, for the
-/// connection `flow` decided.
-///
-/// Boxed: requests served here can open CONNECT tunnels that are intercepted in turn, and the compiler
-/// needs the recursion to go through a named `Send` future.
-pub(crate) fn serve<IO>(flow: Flow, io: IO, sni: String) -> BoxFuture<'static, ()>
+/// Terminate TLS on `io` (positioned at the ClientHello) as `sni` and serve the requests on it: a
+/// connection of `on` to `sni:port` that `crate::flow` decided to intercept (see
+/// `Context::intercepts`), holding `permit`.
+pub(crate) async fn serve<IO>(on: AgentContext, permit: Option<ConnPermit>, port: u16, io: IO, sni: String)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    Box::pin(serve_tls(flow, io, sni))
-}
-
-async fn serve_tls<IO>(flow: Flow, io: IO, sni: String)
-where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let Flow {
-        gw,
-        agent,
-        budget,
-        cancel,
-        port,
-        permit,
-        ..
-    } = flow;
+    let gw = &on.gw;
     let Some(config) = gw.tls_server.clone() else {
         return;
     };
@@ -55,28 +31,21 @@ where
     let tls = match tokio::time::timeout(gw.timeouts.sniff, accept).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
-            return handshake_failed(&gw, &agent, &sni, port, &format!("client TLS handshake: {e}"));
+            return handshake_failed(gw, &on.agent, &sni, port, &format!("client TLS handshake: {e}"));
         }
-        Err(_) => return handshake_failed(&gw, &agent, &sni, port, "client TLS handshake timed out"),
+        Err(_) => return handshake_failed(gw, &on.agent, &sni, port, "client TLS handshake timed out"),
     };
     let proto = if tls.get_ref().1.alpn_protocol() == Some(b"h2") {
         Proto::Http2
     } else {
         Proto::Http1
     };
-    let ctx = Arc::new(ConnCtx {
-        gw,
-        agent,
-        budget,
-        permit: std::sync::Mutex::new(permit),
-        mode: Mode::Intercepted { sni, port },
-        cancel,
-    });
-    crate::http::serve(ctx, tls, proto).await;
+    let ctx = ConnCtx::new(on, permit, Mode::Intercepted { sni, port });
+    crate::http::serve(Arc::new(ctx), tls, proto).await;
 }
 
 /// Log a client that did not complete the handshake (typically: it does not trust the CA).
-fn handshake_failed(gw: &Shared, agent: &AgentId, sni: &str, port: u16, why: &str) {
+fn handshake_failed(gw: &Context, agent: &AgentId, sni: &str, port: u16, why: &str) {
     let mut entry = LogEntry::new(agent, LogKind::Tls, Verdict::Allowed).to(sni, port);
     entry.fail(why);
     gw.log.record(entry);

@@ -13,16 +13,22 @@
 //!
 //! - [`budget`]: connection, descriptor and request budgets per agent and for the whole gateway (E20).
 //!
-//! Internally, `transparent` and `explicit` accept connections, `flow` decides what a connection's bytes
-//! are (TLS by SNI, HTTP by Host, other TCP by resolved name; E23) for both, `http` handles requests
-//! (injection included), `intercept` terminates TLS for secret rule hosts, `scrub` removes secret values
-//! from their answers (E19), `upstream` is the pooled upstream client, `dial` resolves and guards upstream
-//! addresses, `open` tracks long-lived connections and closes those a policy change denies (E21), and `io`
-//! splices bytes.
+//! Internally, modules import each other one way (checked by `tests/layering.rs`). `gateway` builds the
+//! shared `context` (policy, injector, log, dialer, upstream clients, budgets) and wires the rest per agent;
+//! nothing below imports it. A connection runs down the layers and never calls back up: `transparent` and
+//! `explicit` accept connections (`accept`; the explicit proxy answers CONNECT itself), `flow` decides
+//! what a connection's bytes are (TLS by SNI, HTTP by Host, other TCP by resolved name; E23) for both,
+//! `intercept` terminates TLS for secret rule hosts, `http` handles requests (the injector's step in
+//! `inject`, token refreshes in `refresh`, the gateway's own answers in `reply`), `scrub` removes secret
+//! values from the answers of intercepted hosts (E19), `upstream` is the pooled upstream client, `dial`
+//! resolves and guards upstream addresses, `open` tracks long-lived connections and closes those a policy
+//! change denies (E21), and `io` splices bytes.
 #![forbid(unsafe_code)]
 
+mod accept;
 pub mod budget;
 pub mod ca;
+mod context;
 mod dial;
 pub mod dns;
 mod error;
@@ -31,6 +37,7 @@ mod flow;
 pub mod gateway;
 pub mod guard;
 mod http;
+mod inject;
 mod intercept;
 mod io;
 pub mod log;
@@ -38,8 +45,10 @@ pub mod netns;
 pub mod nft;
 mod open;
 mod refresh;
+mod reply;
 mod scrub;
 pub mod sniff;
+mod target;
 mod tls;
 mod transparent;
 mod upstream;

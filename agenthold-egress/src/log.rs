@@ -12,12 +12,17 @@
 //! `max_bytes` bytes of them; what falls out is counted per agent ([`RequestLog::dropped`]).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use agenthold_core::AgentId;
 use agenthold_core::policy::{DenyReason, Verdict};
 use tokio::sync::broadcast;
+
+mod pending;
+mod reason;
+
+pub(crate) use pending::{Announcement, Counters, PendingEntry};
+pub use reason::{BudgetScope, DnsFailure, Reason};
 
 /// What was logged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -68,6 +73,7 @@ pub enum Decision {
 
 /// One line of the request log. Field names are a contract (`agenthold run --log`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "Line")]
 pub struct LogEntry {
     /// When the decision was made, RFC 3339 in UTC.
     pub time: String,
@@ -87,8 +93,9 @@ pub struct LogEntry {
     pub status: Option<u16>,
     /// Allowed or denied.
     pub decision: Decision,
-    /// Why it was denied (or, in report-only mode, would have been), or what failed upstream.
-    pub reason: Option<String>,
+    /// Why it was denied (or, in report-only mode, would have been), what failed upstream, or what else is
+    /// worth noting; written as a string (see [`Reason`]).
+    pub reason: Option<Reason>,
     /// Whether a secret was injected into this request.
     pub secret_injected: bool,
     /// Name of the injected secret (never its value).
@@ -103,15 +110,60 @@ pub struct LogEntry {
     pub phase: Option<Phase>,
 }
 
+/// A JSON line as read back: the same fields, with the reason read in the light of the decision (see
+/// [`Reason::parse`]).
+#[derive(serde::Deserialize)]
+struct Line {
+    time: String,
+    agent: AgentId,
+    kind: LogKind,
+    host: Option<String>,
+    port: Option<u16>,
+    method: Option<String>,
+    path: Option<String>,
+    status: Option<u16>,
+    decision: Decision,
+    reason: Option<String>,
+    secret_injected: bool,
+    secret: Option<String>,
+    bytes_up: u64,
+    bytes_down: u64,
+    #[serde(default)]
+    phase: Option<Phase>,
+}
+
+impl From<Line> for LogEntry {
+    fn from(line: Line) -> Self {
+        Self {
+            reason: line.reason.map(|r| Reason::parse(&r, line.decision)),
+            time: line.time,
+            agent: line.agent,
+            kind: line.kind,
+            host: line.host,
+            port: line.port,
+            method: line.method,
+            path: line.path,
+            status: line.status,
+            decision: line.decision,
+            secret_injected: line.secret_injected,
+            secret: line.secret,
+            bytes_up: line.bytes_up,
+            bytes_down: line.bytes_down,
+            phase: line.phase,
+        }
+    }
+}
+
 impl LogEntry {
     /// A new entry stamped now, with the decision and reason taken from `verdict`.
     #[must_use]
     pub fn new(agent: &AgentId, kind: LogKind, verdict: Verdict) -> Self {
-        let (decision, reason) = match verdict {
-            Verdict::Allowed => (Decision::Allowed, None),
-            Verdict::Reported(r) => (Decision::Allowed, Some(format!("report_only:{r}"))),
-            Verdict::Denied(r) => (Decision::Denied, Some(r.to_string())),
+        let decision = if verdict.is_allowed() {
+            Decision::Allowed
+        } else {
+            Decision::Denied
         };
+        let reason = Reason::from_verdict(verdict);
         Self {
             time: now_rfc3339(),
             agent: agent.clone(),
@@ -142,12 +194,18 @@ impl LogEntry {
     /// Mark the entry denied for `reason`.
     pub fn deny(&mut self, reason: DenyReason) {
         self.decision = Decision::Denied;
-        self.reason = Some(reason.to_string());
+        self.reason = Some(Reason::Denied(reason));
     }
 
     /// Record an upstream failure: the traffic was allowed but could not be delivered.
     pub fn fail(&mut self, reason: impl Into<String>) {
-        self.reason = Some(reason.into());
+        self.reason = Some(Reason::Failed(reason.into()));
+    }
+
+    /// Set the reason, and the decision to the one it implies ([`Reason::decision`]).
+    pub fn set_reason(&mut self, reason: Reason) {
+        self.decision = reason.decision();
+        self.reason = Some(reason);
     }
 
     /// Cut every text field to its limit.
@@ -155,7 +213,9 @@ impl LogEntry {
         cut(&mut self.host, MAX_HOST);
         cut(&mut self.method, MAX_METHOD);
         cut(&mut self.path, MAX_PATH);
-        cut(&mut self.reason, MAX_REASON);
+        if let Some(reason) = &mut self.reason {
+            reason.truncate(MAX_REASON);
+        }
         cut(&mut self.secret, MAX_REASON);
     }
 
@@ -168,7 +228,7 @@ impl LogEntry {
             + text(&self.host)
             + text(&self.method)
             + text(&self.path)
-            + text(&self.reason)
+            + self.reason.as_ref().map_or(0, Reason::text_len)
             + text(&self.secret)
     }
 
@@ -182,7 +242,13 @@ impl LogEntry {
 
 /// Cut `field` to at most `max` bytes at a character boundary, ending it with `…` when cut.
 fn cut(field: &mut Option<String>, max: usize) {
-    let Some(text) = field else { return };
+    if let Some(text) = field {
+        cut_text(text, max);
+    }
+}
+
+/// Cut `text` to at most `max` bytes at a character boundary, ending it with `…` when cut.
+fn cut_text(text: &mut String, max: usize) {
     if text.len() <= max {
         return;
     }
@@ -201,104 +267,6 @@ fn now_rfc3339() -> String {
         "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
     );
     now.format(&format).unwrap_or_default()
-}
-
-/// Bytes carried by a connection or request, readable while it runs and after it ends however it ended.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) up: std::sync::atomic::AtomicU64,
-    pub(crate) down: std::sync::atomic::AtomicU64,
-}
-
-impl Counters {
-    pub(crate) fn get(&self) -> (u64, u64) {
-        use std::sync::atomic::Ordering::Relaxed;
-        (self.up.load(Relaxed), self.down.load(Relaxed))
-    }
-}
-
-/// An entry that is recorded, with its byte counts, when the guard is dropped: a connection logged when it
-/// closes is logged however its task ends (finished, failed, cancelled by shutdown or detach).
-#[derive(Debug)]
-pub(crate) struct PendingEntry {
-    log: Arc<RequestLog>,
-    pub(crate) entry: LogEntry,
-    pub(crate) counters: Arc<Counters>,
-    discarded: bool,
-    /// Set once the connection's `open` entry was written.
-    announced: Option<Arc<AtomicBool>>,
-}
-
-impl PendingEntry {
-    pub(crate) fn new(log: &Arc<RequestLog>, entry: LogEntry) -> Self {
-        Self {
-            log: Arc::clone(log),
-            entry,
-            counters: Arc::default(),
-            discarded: false,
-            announced: None,
-        }
-    }
-
-    /// The `open` entry of the connection this entry logs (to be written once it is long-lived, see
-    /// `crate::open`), and the flag that says it was: this entry is then recorded as the `closed` one.
-    pub(crate) fn announcement(&mut self) -> Announcement {
-        let mut entry = self.entry.clone();
-        entry.phase = Some(Phase::Open);
-        Announcement {
-            log: Arc::clone(&self.log),
-            entry,
-            done: Arc::clone(self.announced.get_or_insert_with(Arc::default)),
-        }
-    }
-
-    /// A policy change closed the connection (E21).
-    pub(crate) fn revoked(&mut self) {
-        self.entry.deny(DenyReason::Revoked);
-    }
-
-    /// Record nothing after all (the connection was handed on before anything crossed).
-    pub(crate) fn discard(mut self) {
-        self.discarded = true;
-    }
-}
-
-/// The `open` entry of a long-lived connection, written once by the sweep of `crate::open`.
-#[derive(Debug)]
-pub(crate) struct Announcement {
-    log: Arc<RequestLog>,
-    entry: LogEntry,
-    /// Set when it is written (before it is), so that the closing entry says `closed`.
-    done: Arc<AtomicBool>,
-}
-
-impl Announcement {
-    /// Say it is being written: from now on the closing entry says `closed`, whenever it comes.
-    pub(crate) fn claim(&self) {
-        self.done.store(true, std::sync::atomic::Ordering::Release);
-    }
-
-    /// Write the entry.
-    pub(crate) fn write(self) {
-        self.log.record(self.entry);
-    }
-}
-
-impl Drop for PendingEntry {
-    fn drop(&mut self) {
-        if self.discarded {
-            return;
-        }
-        if self
-            .announced
-            .as_ref()
-            .is_some_and(|a| a.load(std::sync::atomic::Ordering::Acquire))
-        {
-            self.entry.phase = Some(Phase::Closed);
-        }
-        (self.entry.bytes_up, self.entry.bytes_down) = self.counters.get();
-        self.log.record(self.entry.clone());
-    }
 }
 
 /// One agent's ring.
@@ -368,7 +336,7 @@ impl RequestLog {
         tracing::debug!(
             agent = %entry.agent, kind = ?entry.kind, host = entry.host.as_deref().unwrap_or(""),
             port = entry.port.unwrap_or(0), decision = ?entry.decision,
-            reason = entry.reason.as_deref().unwrap_or(""), "egress"
+            reason = %entry.reason.as_ref().map_or_else(String::new, ToString::to_string), "egress"
         );
         let cost = entry.cost();
         let entry = Arc::new(entry);

@@ -10,14 +10,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use agenthold_core::AgentId;
 use tokio_util::sync::CancellationToken;
 
-use crate::gateway::{Shared, Target};
 use crate::log::{Announcement, PendingEntry};
+use crate::target::Target;
 
 /// How often open connections are checked against the policy.
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_millis(250);
@@ -132,8 +132,8 @@ impl OpenConnections {
     }
 
     /// Write the `open` entry of every connection that became long-lived, and revoke every open connection
-    /// the policy now denies; returns how many were revoked.
-    pub(crate) fn sweep(&self, gw: &Shared) -> usize {
+    /// `allowed` (the agent's current policy) now refuses; returns how many were revoked.
+    pub(crate) fn sweep(&self, allowed: impl Fn(&AgentId, &Target, u16) -> bool) -> usize {
         let mut announce = Vec::new();
         let snapshot: Vec<(AgentId, Target, u16, CancellationToken, Arc<AtomicBool>)> = {
             let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
@@ -165,31 +165,12 @@ impl OpenConnections {
         }
         let mut revoked = 0;
         for (agent, target, port, token, flag) in snapshot {
-            if !gw.decide(&agent, &target, port).is_allowed() {
+            if !allowed(&agent, &target, port) {
                 flag.store(true, Ordering::Release);
                 token.cancel();
                 revoked += 1;
             }
         }
         revoked
-    }
-
-    /// Run [`OpenConnections::sweep`] every [`SWEEP_EVERY`] until `stop` fires or the gateway is gone. It
-    /// holds the gateway's state weakly: dropping the gateway releases what it holds (the injector, and
-    /// through it an embedder's store) at once, not at this task's next tick.
-    pub(crate) async fn sweep_forever(gw: Weak<Shared>, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(SWEEP_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            let Some(gw) = gw.upgrade() else { return };
-            let n = gw.open.sweep(&gw);
-            if n > 0 {
-                tracing::debug!(revoked = n, "policy change closed open connections");
-            }
-        }
     }
 }

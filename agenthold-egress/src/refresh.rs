@@ -3,6 +3,7 @@
 //! token, lets the injector keep the new tokens, and answers the sandbox with placeholders only. The one
 //! place where the gateway reads bodies: both are small and bounded, and only on this path.
 
+use agenthold_core::AgentId;
 use agenthold_core::policy::DenyReason;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -10,9 +11,10 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
-use crate::gateway::Target;
-use crate::http::{ConnCtx, full, refuse, refuse_pending};
+use crate::context::Context;
 use crate::log::{LogEntry, PendingEntry};
+use crate::reply::{full, refuse, refuse_pending};
+use crate::target::Target;
 use crate::upstream::{ProxyBody, upstream_request};
 
 /// Largest refresh request body read from a sandbox.
@@ -20,16 +22,16 @@ const MAX_REQUEST: usize = 64 * 1024;
 /// Largest token response read from an upstream.
 const MAX_RESPONSE: usize = 1024 * 1024;
 
-/// Answer a token refresh for the refresh-token secret `secret`.
+/// Answer `agent`'s token refresh for the refresh-token secret `secret`.
 pub(crate) async fn answer(
-    ctx: &ConnCtx,
+    gw: &Context,
+    agent: &AgentId,
     req: Request<Incoming>,
     target: &Target,
     port: u16,
     secret: &str,
     mut entry: LogEntry,
 ) -> Response<ProxyBody> {
-    let gw = &ctx.gw;
     let Some(injector) = gw.injector.as_ref() else {
         return refuse(gw, entry, StatusCode::INTERNAL_SERVER_ERROR, "no injector");
     };
@@ -61,7 +63,7 @@ pub(crate) async fn answer(
             );
         }
     };
-    let Some(upstream_body) = injector.refresh_request(&ctx.agent, secret, &content_type, &body) else {
+    let Some(upstream_body) = injector.refresh_request(agent, secret, &content_type, &body) else {
         entry.deny(DenyReason::PlaceholderLeak);
         return refuse(
             gw,
@@ -108,7 +110,7 @@ pub(crate) async fn answer(
         }
     };
     let out = if parts.status.is_success() {
-        match injector.refresh_response(&ctx.agent, secret, &body) {
+        match injector.refresh_response(agent, secret, &body) {
             Some(sanitized) => {
                 pending.entry.secret_injected = true;
                 Bytes::from(sanitized)
@@ -121,13 +123,13 @@ pub(crate) async fn answer(
     } else {
         // Errors (invalid_grant, …) go back so the harness can react, with any real token they quote
         // replaced by its placeholder.
-        Bytes::from(injector.refresh_error(&ctx.agent, secret, &body))
+        Bytes::from(injector.refresh_error(agent, secret, &body))
     };
     pending
         .counters
         .down
         .fetch_add(out.len() as u64, std::sync::atomic::Ordering::Relaxed);
-    if let Some(redactor) = injector.redactor(&ctx.agent) {
+    if let Some(redactor) = injector.redactor(agent) {
         crate::scrub::scrub_headers(&redactor, &mut parts.headers);
     }
     parts.headers.remove(header::CONTENT_ENCODING);

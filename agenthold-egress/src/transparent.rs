@@ -7,71 +7,19 @@
 //! never dialled for them.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
 
-use agenthold_core::AgentId;
 use bytes::BytesMut;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::budget::{AgentBudget, ConnPermit};
+use crate::accept::accept;
+use crate::budget::ConnPermit;
+use crate::context::AgentContext;
 use crate::flow::{Aim, Flow};
-use crate::gateway::Shared;
-
-/// One agent's listener: what every connection accepted on it is served with.
-#[derive(Clone)]
-pub(crate) struct Listener {
-    pub(crate) gw: Arc<Shared>,
-    pub(crate) agent: AgentId,
-    pub(crate) budget: Arc<AgentBudget>,
-    /// Fires when the agent is detached or the gateway shuts down.
-    pub(crate) cancel: CancellationToken,
-}
-
-impl Listener {
-    /// Accept connections on `listener`: each takes a permit of the agent's connection budget (refused ones
-    /// are closed at once) and runs `handle` until it ends or the agent is detached.
-    pub(crate) async fn accept<F, Fut>(self, listener: TcpListener, handle: F)
-    where
-        F: Fn(&Self, TcpStream, ConnPermit) -> Fut,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        loop {
-            let accepted = tokio::select! {
-                () = self.cancel.cancelled() => return,
-                a = listener.accept() => a,
-            };
-            let stream = match accepted {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let Some(permit) = self.gw.budget.connection(&self.budget) else {
-                // Counted in the budget's refusals; the connection is closed unread.
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            let conn = handle(&self, stream, permit);
-            let cancel = self.cancel.clone();
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = conn => {},
-                    () = cancel.cancelled() => {},
-                }
-            });
-        }
-    }
-}
 
 /// Serve one agent's transparent listener.
-pub(crate) async fn serve(on: Listener, listener: TcpListener) {
-    on.accept(listener, |on, stream, permit| {
+pub(crate) async fn serve(on: AgentContext, listener: TcpListener) {
+    accept(on, listener, |on, stream, permit| {
         let span = tracing::debug_span!("transparent", agent = %on.agent);
         handle(on.clone(), stream, permit).instrument(span)
     })
@@ -90,7 +38,7 @@ fn original_dst(stream: &TcpStream) -> std::io::Result<SocketAddr> {
     })
 }
 
-async fn handle(on: Listener, stream: TcpStream, permit: ConnPermit) {
+async fn handle(on: AgentContext, stream: TcpStream, permit: ConnPermit) {
     let orig = match original_dst(&stream) {
         Ok(a) => a,
         Err(e) => {
@@ -99,10 +47,7 @@ async fn handle(on: Listener, stream: TcpStream, permit: ConnPermit) {
         }
     };
     let flow = Flow {
-        gw: on.gw,
-        agent: on.agent,
-        budget: on.budget,
-        cancel: on.cancel,
+        on,
         aim: Aim::Orig(orig),
         port: orig.port(),
         permit: Some(permit),

@@ -27,9 +27,9 @@ use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use crate::budget::RequestPermit;
 use crate::dial::{DialError, Dialer};
-use crate::gateway::Target;
 use crate::log::{Counters, PendingEntry};
 use crate::open::Registration;
+use crate::target::Target;
 
 /// Body type of everything the proxies send.
 pub(crate) type ProxyBody = BoxBody<Bytes, BoxError>;

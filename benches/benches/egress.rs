@@ -91,7 +91,12 @@ fn run() -> Result<()> {
     let refused: Vec<_> = log
         .iter()
         .filter(|e| {
-            e.decision == Decision::Denied || e.reason.as_deref().is_some_and(|r| r.starts_with("upstream"))
+            e.decision == Decision::Denied
+                || e.reason
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with("upstream"))
         })
         .collect();
     for entry in refused.iter().take(5) {

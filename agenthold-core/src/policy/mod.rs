@@ -128,6 +128,33 @@ pub enum DenyReason {
 }
 
 impl DenyReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [Self; 17] = [
+        Self::NotInAllowlist,
+        Self::BlockedAddress,
+        Self::NoPublicAddress,
+        Self::UnknownAgent,
+        Self::EgressDisabled,
+        Self::InvalidName,
+        Self::NoName,
+        Self::PlaceholderLeak,
+        Self::HostMismatch,
+        Self::Malformed,
+        Self::PlaceholderMisplaced,
+        Self::AmbiguousPath,
+        Self::Revoked,
+        Self::OverBudget,
+        Self::LocalName,
+        Self::PrivateReverse,
+        Self::RateLimited,
+    ];
+
+    /// The reason whose snake_case name is `name` ([`DenyReason::as_str`] read back).
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+
     /// The snake_case name of the reason.
     #[must_use]
     pub fn as_str(self) -> &'static str {
@@ -324,6 +351,38 @@ impl EgressPolicy for PolicyTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deny_reasons_are_listed_once_and_read_back_by_name() {
+        // Exhaustive: a new reason fails to compile here until it is placed in `ALL`.
+        let position = |r: DenyReason| match r {
+            DenyReason::NotInAllowlist => 0,
+            DenyReason::BlockedAddress => 1,
+            DenyReason::NoPublicAddress => 2,
+            DenyReason::UnknownAgent => 3,
+            DenyReason::EgressDisabled => 4,
+            DenyReason::InvalidName => 5,
+            DenyReason::NoName => 6,
+            DenyReason::PlaceholderLeak => 7,
+            DenyReason::HostMismatch => 8,
+            DenyReason::Malformed => 9,
+            DenyReason::PlaceholderMisplaced => 10,
+            DenyReason::AmbiguousPath => 11,
+            DenyReason::Revoked => 12,
+            DenyReason::OverBudget => 13,
+            DenyReason::LocalName => 14,
+            DenyReason::PrivateReverse => 15,
+            DenyReason::RateLimited => 16,
+        };
+        for (i, r) in DenyReason::ALL.into_iter().enumerate() {
+            assert_eq!(position(r), i, "{r}");
+            assert_eq!(DenyReason::from_name(r.as_str()), Some(r));
+            let json = serde_json::to_string(&r).unwrap();
+            assert_eq!(json, format!("\"{r}\""));
+            assert_eq!(serde_json::from_str::<DenyReason>(&json).unwrap(), r);
+        }
+        assert_eq!(DenyReason::from_name("report_only:not_in_allowlist"), None);
+    }
 
     fn allow(entries: &[&str]) -> NetworkPolicy {
         NetworkPolicy::parse(PolicyMode::Allowlist, entries).unwrap()

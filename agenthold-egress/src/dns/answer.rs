@@ -28,7 +28,7 @@ use super::budget::{Admission, Event, Scope};
 use super::server::Server;
 use super::special::{self, Refusal};
 use crate::guard::{Blocked, Guard};
-use crate::log::{LogEntry, LogKind};
+use crate::log::{DnsFailure, LogEntry, LogKind, Reason};
 
 /// TTL of a synthetic answer.
 const SYNTHETIC_TTL: u32 = 60;
@@ -84,9 +84,10 @@ impl<U: Forward> Server<U> {
     ) -> Option<Vec<u8>> {
         if let Some(count) = log {
             let mut entry = LogEntry::new(&self.ctx.agent, LogKind::Dns, Verdict::Allowed);
-            entry.deny(DenyReason::RateLimited);
-            let reason = DenyReason::RateLimited;
-            entry.reason = Some(format!("{reason};{};refused={count}", scope.as_str()));
+            entry.set_reason(Reason::RateLimited {
+                scope,
+                refused: count,
+            });
             entry.status = Some(u16::from(ResponseCode::Refused));
             entry.port = Some(53);
             if let Some(question) = query.as_ref().and_then(|q| q.queries.first()) {
@@ -149,13 +150,9 @@ impl<U: Forward> Server<U> {
                 self.ctx.records.remember(agent, &name, IpAddr::V4(addr), ttl);
             }
             // Keep a report-only reason: the synthetic answer is how the name resolves, not why it passed.
-            let note = "dangerous_synthetic_address";
-            entry.reason = Some(
-                entry
-                    .reason
-                    .take()
-                    .map_or_else(|| note.to_owned(), |r| format!("{r};{note}")),
-            );
+            entry.set_reason(Reason::SyntheticAddress {
+                reported: verdict.reason(),
+            });
             return (reply, entry);
         }
         if let Some(refusal) = special::refusal(&name, &self.ctx.guard) {
@@ -173,7 +170,7 @@ impl<U: Forward> Server<U> {
             Ok(upstream) => self.filtered(query, upstream, &name, question.query_type, entry),
             Err(e) => {
                 tracing::warn!(agent = %agent, name = %name, error = %e, "DNS upstream failed");
-                entry.fail(e.label());
+                entry.set_reason(Reason::DnsUpstream(DnsFailure::from(&e)));
                 (self.reply(query, ResponseCode::ServFail), entry)
             }
         }
@@ -217,10 +214,8 @@ impl<U: Forward> Server<U> {
                 "blocked addresses stripped from a DNS answer"
             );
             if kept || qtype != RecordType::A {
-                entry.reason = Some(match entry.reason.take() {
-                    Some(r) => format!("{r}; {}", DenyReason::BlockedAddress),
-                    None => DenyReason::BlockedAddress.to_string(),
-                });
+                let reported = entry.reason.as_ref().and_then(Reason::reported);
+                entry.set_reason(Reason::AddressesStripped { reported });
             } else {
                 entry.deny(DenyReason::NoPublicAddress);
             }

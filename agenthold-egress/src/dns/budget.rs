@@ -90,21 +90,8 @@ pub struct DnsCounters {
     pub agents: BTreeMap<AgentId, DnsCount>,
 }
 
-/// Which budget refused a query.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Scope {
-    Agent,
-    Gateway,
-}
-
-impl Scope {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::Agent => "agent",
-            Self::Gateway => "gateway",
-        }
-    }
-}
+/// Which budget refused a query (as the log names it).
+pub(crate) use crate::log::BudgetScope as Scope;
 
 /// The outcome of [`DnsBudget::admit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

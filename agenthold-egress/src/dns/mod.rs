@@ -50,6 +50,8 @@ pub use upstream::{Lookup, Upstream};
 
 use proto::op::Message;
 
+use crate::log::DnsFailure;
+
 /// Sends one question to an upstream DNS server and returns its answer: what [`Server`] needs from
 /// [`Upstream`], as a trait so that tests and the fuzz target can answer without a network.
 pub trait Forward: Send + Sync + 'static {
@@ -144,14 +146,20 @@ impl LookupError {
     /// A short snake_case label for logs (`upstream_timeout`, `nxdomain`, …).
     #[must_use]
     pub fn label(&self) -> &'static str {
-        match self {
-            Self::Timeout { .. } => "upstream_timeout",
-            Self::ServFail { .. } => "upstream_servfail",
-            Self::NxDomain { .. } => "nxdomain",
-            Self::NoAddress { .. } => "no_address",
-            Self::Malformed { .. } => "upstream_malformed",
-            Self::Io { .. } => "upstream_io",
-            Self::InvalidName { .. } => "invalid_name",
+        DnsFailure::from(self).as_str()
+    }
+}
+
+impl From<&LookupError> for DnsFailure {
+    fn from(e: &LookupError) -> Self {
+        match e {
+            LookupError::Timeout { .. } => Self::Timeout,
+            LookupError::ServFail { .. } => Self::ServFail,
+            LookupError::NxDomain { .. } => Self::NxDomain,
+            LookupError::NoAddress { .. } => Self::NoAddress,
+            LookupError::Malformed { .. } => Self::Malformed,
+            LookupError::Io { .. } => Self::Io,
+            LookupError::InvalidName { .. } => Self::InvalidName,
         }
     }
 

@@ -116,7 +116,8 @@ impl From<agenthold_egress::log::LogEntry> for LogEntry {
                 Decision::Allowed => "allowed",
                 Decision::Denied => "denied",
             },
-            reason: e.reason,
+            // The typed reason, written as the log's JSON line writes it.
+            reason: e.reason.as_ref().map(ToString::to_string),
             secret_injected: e.secret_injected,
             secret: e.secret,
             bytes_up: e.bytes_up,

@@ -281,8 +281,9 @@ async fn blocked_addresses_in_every_notation_are_refused_on_every_path_whatever_
         let mut reasons = BTreeSet::new();
         for e in &refused {
             assert_eq!(e.decision, Decision::Denied, "agent {i}: {e:?}");
-            let reason = e.reason.as_deref().unwrap_or_default();
-            reasons.insert(reason.to_owned());
+            let reason = e.reason.as_ref().map(ToString::to_string).unwrap_or_default();
+            reasons.insert(reason.clone());
+            let reason = reason.as_str();
             // An address is refused by the guard, never by the policy (agent 1's policy allows them all);
             // anything else never got as far as being an address.
             let is_addr = e.host.as_deref().and_then(|h| h.parse::<IpAddr>().ok()).is_some();
@@ -306,9 +307,10 @@ async fn blocked_addresses_in_every_notation_are_refused_on_every_path_whatever_
             "agent {i}: {reasons:?}"
         );
         // Every TLS connection without SNI that reached the gateway was refused by the guard.
-        let guarded_tls = refused
-            .iter()
-            .filter(|e| e.kind == LogKind::Tls && e.reason.as_deref() == Some("blocked_address"));
+        let guarded_tls = refused.iter().filter(|e| {
+            e.kind == LogKind::Tls
+                && e.reason.as_ref().map(ToString::to_string).as_deref() == Some("blocked_address")
+        });
         assert_eq!(guarded_tls.count(), no_sni, "agent {i}");
         let ok = log
             .iter()

@@ -59,7 +59,7 @@ async fn names_resolving_to_blocked_addresses_get_no_address_and_are_never_diall
         let dns = h.entries(0, LogKind::Dns, name);
         let a = dns.iter().find(|e| e.method.as_deref() == Some("A")).unwrap();
         assert_eq!(
-            (a.decision, a.reason.as_deref()),
+            (a.decision, a.reason.as_ref().map(ToString::to_string).as_deref()),
             (Decision::Denied, Some("no_public_address")),
             "{a:?}"
         );
@@ -159,7 +159,7 @@ async fn names_resolving_to_blocked_addresses_get_no_address_and_are_never_diall
             assert!(!entries.is_empty(), "{name} {kind:?}: {:#?}", h.log(0));
             for e in entries {
                 assert_eq!(
-                    (e.decision, e.reason.as_deref()),
+                    (e.decision, e.reason.as_ref().map(ToString::to_string).as_deref()),
                     (Decision::Denied, Some("blocked_address")),
                     "{e:?}"
                 );

@@ -77,7 +77,10 @@ async fn local_names_and_private_reverse_lookups_are_refused_under_the_open_poli
             "local_name"
         };
         assert_eq!(
-            (entry.decision, entry.reason.as_deref()),
+            (
+                entry.decision,
+                entry.reason.as_ref().map(ToString::to_string).as_deref()
+            ),
             (Decision::Denied, Some(expected)),
             "{entry:?}"
         );
@@ -175,6 +178,8 @@ async fn one_agent_flooding_dns_is_refused_while_another_is_still_answered() {
         .iter()
         .filter(|e| {
             e.reason
+                .as_ref()
+                .map(ToString::to_string)
                 .as_deref()
                 .is_some_and(|r| r.starts_with("rate_limited;"))
         })
@@ -186,7 +191,7 @@ async fn one_agent_flooding_dns_is_refused_while_another_is_still_answered() {
     let logged: u64 = limited
         .iter()
         .map(|e| {
-            let reason = e.reason.as_deref().unwrap();
+            let reason = e.reason.as_ref().map(ToString::to_string).unwrap();
             reason.rsplit_once("refused=").unwrap().1.parse::<u64>().unwrap()
         })
         .sum();

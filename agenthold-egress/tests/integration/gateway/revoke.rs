@@ -98,7 +98,7 @@ async fn a_policy_change_closes_open_connections_it_denies_within_a_second() {
         let closed = h.wait_entries(0, kind, host, 1).await;
         assert!(
             closed.iter().any(|e| e.decision == Decision::Denied
-                && e.reason.as_deref() == Some("revoked")
+                && e.reason.as_ref().map(ToString::to_string).as_deref() == Some("revoked")
                 && e.phase == Some(Phase::Closed)),
             "{kind:?} {host}: {closed:#?}"
         );

@@ -100,7 +100,10 @@ async fn other_tcp_is_decided_by_the_name_the_agent_resolved() {
         (refused[0].port, refused[0].decision),
         (Some(2222), Decision::Denied)
     );
-    assert_eq!(refused[0].reason.as_deref(), Some("not_in_allowlist"));
+    assert_eq!(
+        refused[0].reason.as_ref().map(ToString::to_string).as_deref(),
+        Some("not_in_allowlist")
+    );
     let by_addr = h.entries(0, LogKind::Tcp, PUBLIC);
     assert_eq!(
         (by_addr[0].decision, by_addr[0].port),

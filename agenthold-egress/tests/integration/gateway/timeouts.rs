@@ -195,7 +195,12 @@ async fn refused_upstreams_answer_502_and_are_logged_as_upstream_failures() {
             // Allowed by the policy, failed upstream: the reason says so, the decision stays "allowed".
             assert_eq!((e.decision, e.status), (Decision::Allowed, status), "{e:?}");
             assert!(
-                e.reason.as_deref().unwrap_or_default().starts_with("upstream:"),
+                e.reason
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .as_deref()
+                    .unwrap_or_default()
+                    .starts_with("upstream:"),
                 "{e:?}"
             );
         }
