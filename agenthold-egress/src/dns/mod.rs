@@ -148,6 +148,17 @@ impl LookupError {
     pub fn label(&self) -> &'static str {
         DnsFailure::from(self).as_str()
     }
+
+    /// The class of this error.
+    #[must_use]
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Timeout { .. } => ErrorKind::Timeout,
+            Self::ServFail { .. } | Self::Malformed { .. } | Self::Io { .. } => ErrorKind::Upstream,
+            Self::NxDomain { .. } | Self::NoAddress { .. } => ErrorKind::NotFound,
+            Self::InvalidName { .. } => ErrorKind::BadInput,
+        }
+    }
 }
 
 impl From<&LookupError> for DnsFailure {
@@ -160,17 +171,6 @@ impl From<&LookupError> for DnsFailure {
             LookupError::Malformed { .. } => Self::Malformed,
             LookupError::Io { .. } => Self::Io,
             LookupError::InvalidName { .. } => Self::InvalidName,
-        }
-    }
-
-    /// The class of this error.
-    #[must_use]
-    pub fn kind(&self) -> ErrorKind {
-        match self {
-            Self::Timeout { .. } => ErrorKind::Timeout,
-            Self::ServFail { .. } | Self::Malformed { .. } | Self::Io { .. } => ErrorKind::Upstream,
-            Self::NxDomain { .. } | Self::NoAddress { .. } => ErrorKind::NotFound,
-            Self::InvalidName { .. } => ErrorKind::BadInput,
         }
     }
 }
