@@ -2,6 +2,7 @@
 //! and absolute-form HTTP requests get the same decisions as the transparent path, and so do the bytes
 //! inside a tunnel (E23); denials answer 403 with the reason in the body, upstream failures 502, a spent
 //! connection budget 503.
+// enforces: E7
 
 use std::sync::Arc;
 

@@ -1,6 +1,7 @@
 //! The secret injector's step of a request (E11–E13): the request head goes through the injector, which
 //! injects secrets (over intercepted TLS only), refuses a leaked or misplaced placeholder, or asks for a
 //! token refresh; the verdict is noted in the request's log entry.
+// enforces: E13 E15
 
 use agenthold_core::AgentId;
 use agenthold_core::policy::DenyReason;

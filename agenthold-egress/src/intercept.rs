@@ -4,6 +4,7 @@
 //! spliced untouched; this module never sees it. Interception starts only once the bytes are a ClientHello
 //! (on any port), never because of a port or a CONNECT target: a rule host reached with something other
 //! than TLS is decided like any other connection.
+// enforces: E13
 
 use std::sync::Arc;
 

@@ -10,6 +10,7 @@
 //! Memory is bounded (E20): text fields are cut to [`MAX_HOST`], [`MAX_METHOD`], [`MAX_PATH`] and
 //! [`MAX_REASON`] bytes (a cut field ends with `…`), and each agent's ring holds at most `keep` entries and
 //! `max_bytes` bytes of them; what falls out is counted per agent ([`RequestLog::dropped`]).
+// enforces: E16
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};

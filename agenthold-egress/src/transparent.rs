@@ -5,6 +5,7 @@
 //! anything else → the name the agent resolved for that address through the gateway's DNS (none: by
 //! address). Named destinations are resolved and dialled by the gateway itself; the client's address is
 //! never dialled for them.
+// enforces: E4
 
 use std::net::SocketAddr;
 
