@@ -14,10 +14,10 @@ use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainer
 use bytes::Bytes;
 
 use super::DockerConfig;
-use crate::archive::{self, Entry};
-use crate::engine::Engine;
+use crate::docker::archive::{self, Entry};
+use crate::docker::engine::Engine;
+use crate::docker::network::AgentNetwork;
 use crate::error::{Error, Result};
-use crate::network::AgentNetwork;
 
 /// The sandboxd binary inside a sandbox (bind-mounted read-only).
 pub(crate) const SANDBOXD: &str = "/.agenthold/bin/sandboxd";

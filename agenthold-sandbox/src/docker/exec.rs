@@ -13,7 +13,7 @@ use futures_util::{Stream, StreamExt};
 use tokio::io::AsyncWriteExt;
 
 use super::container::{SANDBOXD, container_name};
-use crate::engine::Engine;
+use crate::docker::engine::Engine;
 use crate::error::{Error, Result};
 
 /// Output kept per stream by [`collect`]; more is dropped (streaming callers see everything).

@@ -19,9 +19,9 @@ use bollard::query_parameters::{
     CreateContainerOptionsBuilder, InspectContainerOptions, StartContainerOptions,
 };
 
-use crate::engine::Engine;
+use crate::docker::engine::Engine;
+use crate::docker::network::{AgentNetwork, GATEWAY_JOIN_HOST};
 use crate::error::{Error, Result, is_not_found};
-use crate::network::{AgentNetwork, GATEWAY_JOIN_HOST};
 
 /// The running holder container.
 #[derive(Debug, Clone)]

@@ -19,7 +19,7 @@ use futures_util::stream::BoxStream;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 
-use crate::archive::Entry;
+use crate::docker::archive::Entry;
 use crate::error::is_not_found;
 use crate::{Error, Result};
 
@@ -234,7 +234,7 @@ pub async fn ensure_sandboxd_image(docker: &Docker, sandboxd: &[u8]) -> Result<I
         return Ok(image);
     }
     let before = inspect(docker, &name).await?;
-    let tar = crate::archive::pack(
+    let tar = crate::docker::archive::pack(
         &[Entry {
             path: "sandboxd",
             mode: 0o755,

@@ -4,8 +4,14 @@
 //! Order matters for failing closed: the network, the gateway's `.2`, the nftables rules and the listeners
 //! exist before a sandbox first starts, and a failed create removes whatever it had made.
 
+mod archive;
 mod container;
+pub mod engine;
 mod exec;
+pub mod holder;
+pub mod hostfw;
+pub mod image;
+pub mod network;
 mod reconcile;
 mod topology;
 
@@ -29,12 +35,11 @@ pub use container::DATAPATH_ENV;
 pub use exec::{Chunk, ExecHandle, MAX_CAPTURE};
 pub use reconcile::ReconcileReport;
 
-use crate::archive::{self, Entry};
-use crate::engine::Engine;
+use crate::docker::engine::Engine;
+use crate::docker::network::AgentNetwork;
 use crate::error::{Error, Result, is_not_found};
-use crate::image;
-use crate::network::AgentNetwork;
 use crate::tunnel::{TunnelServer, new_token};
+use archive::Entry;
 use container::{container_name, volume_name};
 use topology::{AgentRecord, Topology};
 
@@ -171,7 +176,7 @@ impl DockerSandbox {
             .allocate(&self.engine, self.config.subnet_pool, agent)
             .await?;
         made.network = Some(net.clone());
-        crate::network::create(&self.engine, agent, &net).await?;
+        crate::docker::network::create(&self.engine, agent, &net).await?;
         made.record = true;
         topology::RECORDS
             .save(
@@ -236,7 +241,7 @@ impl DockerSandbox {
         if let Some(net) = &net {
             topo.detach(&self.engine, &self.gateway, &self.config, agent, net)
                 .await?;
-            crate::network::remove(&self.engine.docker, &net.name).await?;
+            crate::docker::network::remove(&self.engine.docker, &net.name).await?;
         }
         drop(topo);
         let _ = std::fs::remove_file(self.config.state_dir.join("resolv").join(format!("{agent}.conf")));

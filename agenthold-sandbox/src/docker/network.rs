@@ -16,7 +16,7 @@ use bollard::query_parameters::ListNetworksOptions;
 use ipnet::Ipv4Net;
 use sha2::{Digest, Sha256};
 
-use crate::engine::Engine;
+use crate::docker::engine::Engine;
 use crate::error::{Error, Result, is_not_found};
 
 /// The address the gateway namespace owns on every agent network (the sandboxes' route and DNS server).

@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::container::{container_name, write_boot_files};
 use super::{DockerSandbox, topology};
-use crate::engine::{LABEL_AGENT, LABEL_INSTANCE, LABEL_ROLE};
+use crate::docker::engine::{LABEL_AGENT, LABEL_INSTANCE, LABEL_ROLE};
+use crate::docker::holder::Holder;
 use crate::error::{Error, Result, is_not_found};
-use crate::holder::Holder;
 use crate::tunnel::new_token;
 
 /// What a reconcile found.

@@ -16,11 +16,11 @@ use ipnet::Ipv4Net;
 use tokio_util::sync::CancellationToken;
 
 use super::DockerConfig;
-use crate::engine::Engine;
+use crate::docker::engine::Engine;
+use crate::docker::holder::Holder;
+use crate::docker::hostfw;
+use crate::docker::network::{AgentNetwork, allocate_subnet};
 use crate::error::{Error, Result};
-use crate::holder::Holder;
-use crate::hostfw;
-use crate::network::{AgentNetwork, allocate_subnet};
 use crate::table::AgentTable;
 use crate::tunnel::TunnelServer;
 

@@ -16,10 +16,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::Runtime;
 use super::records::{self, secret_id};
+use crate::docker::engine::Engine;
+use crate::docker::image;
 use crate::docker::{DockerConfig, DockerSandbox};
-use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::image;
 use crate::tunnel::{TunnelLimits, TunnelServer};
 
 /// The static sandboxd this crate was built with (see `build.rs`).
@@ -184,7 +184,7 @@ impl RuntimeBuilder {
         let (sandbox, docker): (Arc<dyn Sandbox>, Option<Arc<DockerSandbox>>) = match self.sandbox {
             Some(s) => (s, None),
             None => {
-                let instance = crate::engine::instance_label(&data_dir);
+                let instance = crate::docker::engine::instance_label(&data_dir);
                 let engine = match self.docker {
                     Some(d) => Engine::from_docker(d, &instance).await?,
                     None => Engine::connect(&instance).await?,
