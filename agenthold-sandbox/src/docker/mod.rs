@@ -5,6 +5,7 @@
 //! exist before a sandbox first starts, and a failed create removes whatever it had made.
 
 mod archive;
+mod config;
 mod container;
 pub mod engine;
 mod exec;
@@ -16,21 +17,19 @@ mod reconcile;
 mod topology;
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use agenthold_core::sandbox::{ExecOutput, ExecRequest, SandboxInfo, SandboxSpec, SandboxState};
 use agenthold_core::{AgentId, Sandbox, Store};
 use agenthold_egress::Gateway;
-use agenthold_egress::nft::Ports;
 use bollard::models::VolumeCreateRequest;
 use bollard::query_parameters::{
     DownloadFromContainerOptions, InspectContainerOptions, RemoveContainerOptions, RemoveVolumeOptions,
     StartContainerOptions, StopContainerOptions, UploadToContainerOptions,
 };
 use futures_util::TryStreamExt;
-use ipnet::Ipv4Net;
 
+pub use config::DockerConfig;
 pub use container::DATAPATH_ENV;
 pub use exec::{Chunk, ExecHandle, MAX_CAPTURE};
 pub use reconcile::ReconcileReport;
@@ -45,31 +44,6 @@ use topology::{AgentRecord, Topology};
 
 /// Largest file [`DockerSandbox`] reads in one piece.
 pub const MAX_FILE: usize = 256 * 1024 * 1024;
-
-/// How sandboxes are made.
-#[derive(Debug, Clone)]
-pub struct DockerConfig {
-    /// The gateway's ports inside its namespace.
-    pub ports: Ports,
-    /// Each agent network takes one /24 from here.
-    pub subnet_pool: Ipv4Net,
-    /// OCI runtime when a spec names none.
-    pub default_runtime: String,
-    /// CPU limit when a spec gives none.
-    pub cpus: f64,
-    /// Memory limit when a spec gives none.
-    pub memory_bytes: u64,
-    /// PID limit when a spec gives none.
-    pub pids: u32,
-    /// The static sandboxd on the host, bind-mounted read-only into every sandbox.
-    pub sandboxd_path: PathBuf,
-    /// Where per-agent files the runtime mounts into sandboxes live (`<data_dir>/run`).
-    pub state_dir: PathBuf,
-    /// The image of the gateway holder (scratch + sandboxd).
-    pub sandboxd_image: String,
-    /// The installation's CA, written into every sandbox at every start.
-    pub ca_pem: String,
-}
 
 /// The Docker sandbox runtime.
 pub struct DockerSandbox {

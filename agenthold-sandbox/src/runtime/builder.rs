@@ -8,22 +8,16 @@ use agenthold_core::policy::{EgressPolicy, PolicyTable};
 use agenthold_core::secret::{SecretInjector, SecretTable, SecretValue};
 use agenthold_core::store::RedbStore;
 use agenthold_core::{AgentId, Config, MasterKey, Sandbox, Store, Vault};
-use agenthold_egress::nft::Ports;
 use agenthold_egress::{CertificateAuthority, Dangerous, Gateway};
 use base64::Engine as _;
-use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::Runtime;
 use super::records::{self, secret_id};
 use crate::docker::engine::Engine;
-use crate::docker::image;
 use crate::docker::{DockerConfig, DockerSandbox};
 use crate::error::{Error, Result};
 use crate::tunnel::{TunnelLimits, TunnelServer};
-
-/// The static sandboxd this crate was built with (see `build.rs`).
-const SANDBOXD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sandboxd"));
 
 /// Builds a [`Runtime`]. Everything is optional: by default the configuration comes from the environment
 /// (`AGENTHOLD_*`), storage is redb under the data directory, policies and secrets are the default tables,
@@ -189,7 +183,8 @@ impl RuntimeBuilder {
                     Some(d) => Engine::from_docker(d, &instance).await?,
                     None => Engine::connect(&instance).await?,
                 };
-                let docker_config = docker_config(&config, &engine, &data_dir, ca.cert_pem()).await?;
+                let docker_config =
+                    DockerConfig::from_config(&config, &engine, &data_dir, ca.cert_pem()).await?;
                 let docker = Arc::new(DockerSandbox::new(
                     engine,
                     Arc::clone(&gateway),
@@ -235,47 +230,6 @@ impl RuntimeBuilder {
         }
         Ok(runtime)
     }
-}
-
-/// Docker settings from the configuration; writes the embedded sandboxd to the data directory and makes
-/// sure its image exists.
-async fn docker_config(
-    config: &Config,
-    engine: &Engine,
-    data_dir: &std::path::Path,
-    ca_pem: &str,
-) -> Result<DockerConfig> {
-    let hash = hex::encode(Sha256::digest(SANDBOXD));
-    let bin_dir = data_dir.join("bin");
-    std::fs::create_dir_all(&bin_dir).map_err(|e| Error::io(format!("create {}", bin_dir.display()), e))?;
-    let sandboxd_path = bin_dir.join(format!("sandboxd-{}", &hash[..12]));
-    if std::fs::read(&sandboxd_path).map_or(true, |b| b != SANDBOXD) {
-        use std::os::unix::fs::PermissionsExt;
-        let tmp = sandboxd_path.with_extension("tmp");
-        std::fs::write(&tmp, SANDBOXD).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| Error::io(format!("chmod {}", tmp.display()), e))?;
-        std::fs::rename(&tmp, &sandboxd_path)
-            .map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
-    }
-    let image = image::ensure_sandboxd_image(&engine.docker, SANDBOXD).await?;
-    Ok(DockerConfig {
-        ports: Ports {
-            proxy: config.egress.proxy_port,
-            explicit: config.egress.explicit_port,
-            dns: config.egress.dns_port,
-            tunnel: Some(config.egress.tunnel_port),
-        },
-        subnet_pool: config.sandbox.subnet_pool,
-        default_runtime: config.sandbox.runtime.as_str().to_owned(),
-        cpus: config.sandbox.cpus,
-        memory_bytes: config.sandbox.memory_bytes,
-        pids: config.sandbox.pids,
-        sandboxd_path,
-        state_dir: data_dir.join("run"),
-        sandboxd_image: image.name,
-        ca_pem: ca_pem.to_owned(),
-    })
 }
 
 /// Persist a token refresh's new values in the vault-sealed records (E15), sealed with the rules of the
