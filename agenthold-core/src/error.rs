@@ -127,6 +127,15 @@ pub enum Error {
         /// What is wrong with it.
         problem: String,
     },
+    /// A sandbox spec is invalid (an empty image, a limit that is not positive, a bad environment
+    /// variable); labels and secrets have their own variants.
+    #[error("sandbox spec: {field}: {problem}")]
+    SandboxSpec {
+        /// The field (`image`, `cpus`, `memory`, `pids`, `env`).
+        field: &'static str,
+        /// What is wrong and what to give instead.
+        problem: String,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -187,6 +196,7 @@ impl Error {
             | Self::Config { .. }
             | Self::HeaderValue { .. }
             | Self::Label { .. }
+            | Self::SandboxSpec { .. }
             | Self::MasterKey { .. } => ErrorKind::BadInput,
             Self::Decrypt { .. } | Self::LegacySealed { .. } | Self::Io { .. } | Self::Store { .. } => {
                 ErrorKind::Upstream

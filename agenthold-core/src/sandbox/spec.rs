@@ -1,14 +1,10 @@
-//! What a sandbox is made of ([`SandboxSpec`]) and the [`Sandbox`] runtime trait that creates and drives
-//! sandboxes. The default implementation (Docker) lives in `agenthold-sandbox`.
-//!
-//! Labels under `agenthold.*` are agenthold's own (S15): the runtime finds its engine objects and the agent
-//! an engine event is about by them, so [`SandboxSpec::validate_labels`] refuses them (see
-//! [`RESERVED_LABEL_PREFIXES`]).
+//! [`SandboxSpec`], what a caller asks for, checked once where it enters ([`SandboxSpec::split`]) and split
+//! into the [`ContainerSpec`] a `Sandbox` implementation is given and the [`GatewaySpec`] the runtime's
+//! gateway enforces.
 
 use std::collections::BTreeMap;
 
 use crate::error::{Error, Result};
-use crate::ids::AgentId;
 use crate::policy::NetworkPolicy;
 use crate::secret::SecretSpec;
 
@@ -54,6 +50,109 @@ pub const RESERVED_LABEL_PREFIXES: &[&str] =
     &["agenthold.", "com.docker.", "io.docker.", "org.dockerproject."];
 
 impl SandboxSpec {
+    /// Check the whole spec, once, where it enters, and split it into what the sandbox is made of and what
+    /// the gateway enforces. Checked: the image is named; labels as [`SandboxSpec::validate_labels`]; limits
+    /// are positive (`cpus` a finite number of cores); environment names are non-empty without `=` or NUL,
+    /// values without NUL; each secret as [`SecretSpec::validate`], no two with one name or one environment
+    /// variable, and no secret's variable also in `env`.
+    ///
+    /// The environment variables the datapath sets itself (proxies, CA bundle) are the runtime's to check:
+    /// core does not know the datapath.
+    ///
+    /// # Errors
+    /// [`Error::Label`] for a label, [`Error::Secret`] for a secret, [`Error::SandboxSpec`] for anything
+    /// else, each naming the offending value.
+    pub fn split(self) -> Result<(ContainerSpec, GatewaySpec)> {
+        self.validate_labels()?;
+        let bad = |field: &'static str, problem: String| Err(Error::SandboxSpec { field, problem });
+        if self.image.trim().is_empty() {
+            return bad("image", "name an image, e.g. agenthold/dev:latest".into());
+        }
+        if let Some(cpus) = self.cpus
+            && !(cpus.is_finite() && cpus > 0.0)
+        {
+            return bad(
+                "cpus",
+                format!("give a positive number of cores (e.g. 1.5), not {cpus}"),
+            );
+        }
+        if self.memory_bytes == Some(0) {
+            return bad(
+                "memory",
+                "give a number of bytes, e.g. 536870912 for 512 MiB".into(),
+            );
+        }
+        if self.pids == Some(0) {
+            return bad("pids", "give a positive process count, e.g. 256".into());
+        }
+        for (key, value) in &self.env {
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                return bad("env", format!("{key:?} is not a valid environment variable name"));
+            }
+            if value.contains('\0') {
+                return bad("env", format!("the value of {key} contains a NUL byte"));
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut vars = std::collections::HashSet::new();
+        for secret in &self.secrets {
+            secret.validate()?;
+            let fail = |problem: String| {
+                Err(Error::Secret {
+                    name: secret.name.clone(),
+                    problem,
+                })
+            };
+            if !names.insert(secret.name.as_str()) {
+                return fail(format!(
+                    "two secrets are named {:?}: names are unique per sandbox",
+                    secret.name
+                ));
+            }
+            if let Some(env) = &secret.env {
+                if !vars.insert(env.as_str()) {
+                    return fail(format!("two secrets set the environment variable {env:?}"));
+                }
+                if self.env.contains_key(env) {
+                    return fail(format!(
+                        "{env} is set both in env and by this secret (which puts its placeholder there)"
+                    ));
+                }
+            }
+        }
+        Ok((
+            ContainerSpec {
+                image: self.image,
+                env: self.env,
+                cpus: self.cpus,
+                memory_bytes: self.memory_bytes,
+                pids: self.pids,
+                runtime: self.runtime,
+                labels: self.labels,
+            },
+            GatewaySpec {
+                policy: self.policy,
+                secrets: self.secrets,
+            },
+        ))
+    }
+
+    /// The spec the two halves were split from (the inverse of [`SandboxSpec::split`]).
+    #[must_use]
+    pub fn join(container: ContainerSpec, gateway: GatewaySpec) -> Self {
+        Self {
+            image: container.image,
+            env: container.env,
+            cpus: container.cpus,
+            memory_bytes: container.memory_bytes,
+            pids: container.pids,
+            policy: gateway.policy,
+            secrets: gateway.secrets,
+            runtime: container.runtime,
+            labels: container.labels,
+        }
+    }
+
     /// Check the spec's label keys (S15): each is non-empty printable ASCII without spaces (so no
     /// whitespace, control or look-alike character can make a reserved key pass for another one), and none
     /// is `agenthold` or starts with one of [`RESERVED_LABEL_PREFIXES`], in any letter case. Values are free.
@@ -112,76 +211,36 @@ fn default_image() -> String {
     "agenthold/dev:latest".to_owned()
 }
 
-/// A command to run in a sandbox.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ExecRequest {
-    /// Program and arguments.
-    pub argv: Vec<String>,
-    /// Extra environment for this command.
-    pub env: BTreeMap<String, String>,
-    /// Working directory, if not the image's.
-    pub cwd: Option<String>,
-    /// Bytes to feed to standard input.
-    pub stdin: Option<Vec<u8>>,
-    /// Give up (and kill the command) after this long.
-    pub timeout: Option<std::time::Duration>,
-}
-
-/// What a finished command produced.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ExecOutput {
-    /// Exit code (128 + signal number when killed by a signal, -1 when unknown).
-    pub exit_code: i64,
-    /// Everything written to standard output.
-    pub stdout: Vec<u8>,
-    /// Everything written to standard error.
-    pub stderr: Vec<u8>,
-}
-
-/// Run state of a sandbox as the runtime sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SandboxState {
-    /// Created or stopped.
-    Stopped,
-    /// Running.
-    Running,
-}
-
-/// What the runtime reports about a sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SandboxInfo {
-    /// The agent.
-    pub agent: AgentId,
-    /// Run state.
-    pub state: SandboxState,
-    /// The image it runs.
+/// The container half of a [`SandboxSpec`]: what a `Sandbox` implementation is given. Only
+/// [`SandboxSpec::split`] makes one, so an implementation receives it checked (S15: no reserved label).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct ContainerSpec {
+    /// Container image.
     pub image: String,
+    /// Extra environment variables for every process in the sandbox (the runtime adds the secrets'
+    /// placeholders here).
+    pub env: BTreeMap<String, String>,
+    /// CPU limit in cores; `None` for the runtime's default.
+    pub cpus: Option<f64>,
+    /// Memory limit in bytes; `None` for the runtime's default.
+    pub memory_bytes: Option<u64>,
+    /// Process (PID) limit; `None` for the runtime's default.
+    pub pids: Option<u32>,
+    /// OCI runtime; `None` for the configured default.
+    pub runtime: Option<String>,
+    /// Labels to put on the sandbox's engine objects, in addition to agenthold's own.
+    pub labels: BTreeMap<String, String>,
 }
 
-/// A sandbox runtime: creates, starts, stops and removes agents' sandboxes and runs commands in them.
-///
-/// Contract: operations on one agent are idempotent where that makes sense (`stop` of a stopped sandbox and
-/// `remove` of a removed one succeed); `remove` leaves no engine object, network or rule behind; a failed
-/// `create` leaves nothing behind either. Errors for unknown agents are [`crate::Error::NotFound`].
-#[async_trait::async_trait]
-pub trait Sandbox: Send + Sync {
-    /// Create (and start) the sandbox of `agent`.
-    async fn create(&self, agent: &AgentId, spec: &SandboxSpec) -> Result<SandboxInfo>;
-    /// Start a stopped sandbox.
-    async fn start(&self, agent: &AgentId) -> Result<()>;
-    /// Stop a running sandbox.
-    async fn stop(&self, agent: &AgentId) -> Result<()>;
-    /// Remove the sandbox and everything created for it (the volume too unless `keep_volume`).
-    async fn remove(&self, agent: &AgentId, keep_volume: bool) -> Result<()>;
-    /// Run a command to completion.
-    async fn exec(&self, agent: &AgentId, request: ExecRequest) -> Result<ExecOutput>;
-    /// Read a file.
-    async fn read_file(&self, agent: &AgentId, path: &str) -> Result<Vec<u8>>;
-    /// Write (create or replace) a file.
-    async fn write_file(&self, agent: &AgentId, path: &str, data: &[u8]) -> Result<()>;
-    /// Current state.
-    async fn inspect(&self, agent: &AgentId) -> Result<SandboxInfo>;
+/// The gateway half of a [`SandboxSpec`]: what the runtime's egress gateway enforces for the agent.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct GatewaySpec {
+    /// The network policy.
+    pub policy: NetworkPolicy,
+    /// The secrets, checked.
+    pub secrets: Vec<SecretSpec>,
 }
 
 #[cfg(test)]
@@ -238,5 +297,165 @@ mod tests {
             assert!(with_label(key).validate_labels().is_ok(), "{key:?}");
         }
         assert!(SandboxSpec::default().validate_labels().is_ok());
+    }
+
+    fn rule() -> crate::secret::SecretRule {
+        crate::secret::SecretRule::header(&["api.example.test"], "authorization", "Bearer {{.Value}}")
+            .unwrap()
+    }
+
+    fn secret(name: &str, env: Option<&str>) -> SecretSpec {
+        SecretSpec::new(name, "v".into(), env, vec![rule()]).unwrap()
+    }
+
+    #[test]
+    fn split_hands_each_half_its_fields_and_join_undoes_it() {
+        let spec = SandboxSpec {
+            image: "img:1".into(),
+            env: BTreeMap::from([("A".into(), "1".into())]),
+            cpus: Some(0.5),
+            memory_bytes: Some(1 << 20),
+            pids: Some(64),
+            policy: NetworkPolicy::allowlist(Vec::new()),
+            secrets: vec![secret("k", Some("K"))],
+            runtime: Some("runc".into()),
+            labels: BTreeMap::from([("team".into(), "x".into())]),
+        };
+        let (container, gateway) = spec.clone().split().unwrap();
+        assert_eq!(container.image, "img:1");
+        assert_eq!(container.env.len(), 1);
+        assert_eq!(
+            (container.cpus, container.memory_bytes, container.pids),
+            (Some(0.5), Some(1 << 20), Some(64))
+        );
+        assert_eq!(container.runtime.as_deref(), Some("runc"));
+        assert_eq!(container.labels.len(), 1);
+        assert_eq!(gateway.policy, spec.policy);
+        assert_eq!(gateway.secrets, spec.secrets);
+        let joined = SandboxSpec::join(container, gateway);
+        assert_eq!(
+            serde_json::to_value(&joined).unwrap(),
+            serde_json::to_value(&spec).unwrap()
+        );
+    }
+
+    #[test]
+    fn split_refuses_each_bad_field_naming_it() {
+        let cases: Vec<(SandboxSpec, &str)> = vec![
+            (
+                SandboxSpec {
+                    image: " ".into(),
+                    ..SandboxSpec::default()
+                },
+                "image",
+            ),
+            (
+                SandboxSpec {
+                    cpus: Some(0.0),
+                    ..SandboxSpec::default()
+                },
+                "cpus",
+            ),
+            (
+                SandboxSpec {
+                    cpus: Some(f64::NAN),
+                    ..SandboxSpec::default()
+                },
+                "cpus",
+            ),
+            (
+                SandboxSpec {
+                    cpus: Some(-1.0),
+                    ..SandboxSpec::default()
+                },
+                "cpus",
+            ),
+            (
+                SandboxSpec {
+                    memory_bytes: Some(0),
+                    ..SandboxSpec::default()
+                },
+                "memory",
+            ),
+            (
+                SandboxSpec {
+                    pids: Some(0),
+                    ..SandboxSpec::default()
+                },
+                "pids",
+            ),
+            (
+                SandboxSpec {
+                    env: BTreeMap::from([("A=B".into(), "1".into())]),
+                    ..SandboxSpec::default()
+                },
+                "env",
+            ),
+            (
+                SandboxSpec {
+                    env: BTreeMap::from([(String::new(), "1".into())]),
+                    ..SandboxSpec::default()
+                },
+                "env",
+            ),
+            (
+                SandboxSpec {
+                    env: BTreeMap::from([("A".into(), "1\0".into())]),
+                    ..SandboxSpec::default()
+                },
+                "env",
+            ),
+        ];
+        for (spec, field) in cases {
+            match spec.split() {
+                Err(Error::SandboxSpec { field: f, problem }) => {
+                    assert_eq!(f, field);
+                    assert!(!problem.is_empty());
+                }
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            with_label("agenthold.agent").split(),
+            Err(Error::Label { .. })
+        ));
+    }
+
+    #[test]
+    fn split_refuses_conflicting_secrets() {
+        for (secrets, env, needle) in [
+            (
+                vec![secret("k", None), secret("k", None)],
+                None,
+                "two secrets are named",
+            ),
+            (
+                vec![secret("a", Some("K")), secret("b", Some("K"))],
+                None,
+                "two secrets set",
+            ),
+            (vec![secret("a", Some("K"))], Some("K"), "set both in env"),
+        ] {
+            let spec = SandboxSpec {
+                secrets,
+                env: env
+                    .map(|e: &str| BTreeMap::from([(e.to_owned(), "x".to_owned())]))
+                    .unwrap_or_default(),
+                ..SandboxSpec::default()
+            };
+            match spec.split() {
+                Err(e @ Error::Secret { .. }) => assert!(e.to_string().contains(needle), "{e}"),
+                other => panic!("{needle}: {other:?}"),
+            }
+        }
+        let bad = SecretSpec {
+            rules: Vec::new(),
+            ..secret("k", None)
+        };
+        let spec = SandboxSpec {
+            secrets: vec![bad],
+            ..SandboxSpec::default()
+        };
+        assert!(matches!(spec.split(), Err(Error::Secret { .. })));
     }
 }
