@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use agenthold_core::AgentId;
-use agenthold_core::sandbox::SandboxSpec;
+use agenthold_core::sandbox::ContainerSpec;
 use bollard::body_full;
 use bollard::models::{
     ContainerCreateBody, HostConfig, Mount, MountType, RestartPolicy, RestartPolicyNameEnum,
@@ -67,7 +67,7 @@ pub(crate) fn volume_name(agent: &AgentId) -> String {
 /// The environment every sandbox gets: the datapath's (proxy, tunnel, CA) and then the spec's own.
 fn environment(
     agent: &AgentId,
-    spec: &SandboxSpec,
+    spec: &ContainerSpec,
     net: &AgentNetwork,
     config: &DockerConfig,
 ) -> Vec<String> {
@@ -97,7 +97,7 @@ fn environment(
 pub(crate) async fn create(
     engine: &Engine,
     agent: &AgentId,
-    spec: &SandboxSpec,
+    spec: &ContainerSpec,
     net: &AgentNetwork,
     config: &DockerConfig,
 ) -> Result<()> {
@@ -106,12 +106,8 @@ pub(crate) async fn create(
         .clone()
         .unwrap_or_else(|| config.default_runtime.clone());
     engine.check_runtime(&runtime)?;
+    // The spec's limits were checked by `SandboxSpec::split`, the defaults by `Config`.
     let cpus = spec.cpus.unwrap_or(config.cpus);
-    if !(cpus > 0.0 && cpus.is_finite()) {
-        return Err(Error::BadInput {
-            problem: format!("cpus must be a positive number, not {cpus}"),
-        });
-    }
     // Rounding to whole nano-CPUs is the engine's own resolution.
     #[allow(clippy::cast_possible_truncation)]
     let nano_cpus = (cpus * 1e9) as i64;
@@ -121,7 +117,7 @@ pub(crate) async fn create(
         })?;
     let pids = i64::from(spec.pids.unwrap_or(config.pids));
     let resolv = write_resolv_conf(agent, net, config)?;
-    // The spec's labels first, agenthold's last: should a reserved key get past validation, ours win (S15).
+    // The spec's labels first, agenthold's last: should a reserved key get past the check, ours win (S15).
     let mut labels: std::collections::HashMap<String, String> =
         spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     labels.extend(engine.labels(Some(agent), "sandbox"));

@@ -17,9 +17,12 @@ mod reconcile;
 mod topology;
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use agenthold_core::sandbox::{ExecOutput, ExecRequest, SandboxInfo, SandboxSpec, SandboxState};
+use agenthold_core::sandbox::{
+    ContainerSpec, ExecRequest, ExecStream, ReconcileReport, SandboxInfo, SandboxState,
+};
 use agenthold_core::{AgentId, Sandbox, Store};
 use agenthold_egress::Gateway;
 use bollard::models::VolumeCreateRequest;
@@ -28,15 +31,15 @@ use bollard::query_parameters::{
     StartContainerOptions, StopContainerOptions, UploadToContainerOptions,
 };
 use futures_util::TryStreamExt;
+use tokio_util::sync::CancellationToken;
 
 pub use config::DockerConfig;
 pub use container::DATAPATH_ENV;
-pub use exec::{Chunk, ExecHandle, MAX_CAPTURE};
-pub use reconcile::ReconcileReport;
 
 use crate::docker::engine::Engine;
 use crate::docker::network::AgentNetwork;
 use crate::error::{Error, Result, is_not_found};
+use crate::runtime::SandboxContext;
 use crate::tunnel::{TunnelServer, new_token};
 use archive::Entry;
 use container::{container_name, volume_name};
@@ -55,6 +58,12 @@ pub struct DockerSandbox {
     topology: tokio::sync::Mutex<Topology>,
     /// Agents agenthold itself started and whose start event the watcher has not seen yet.
     starting: Mutex<HashSet<AgentId>>,
+    /// Itself, for the event watcher [`Sandbox::reconcile`] starts.
+    this: Weak<Self>,
+    /// Ends the event watcher (the runtime's shutdown).
+    shutdown: CancellationToken,
+    /// Whether the event watcher runs.
+    watching: AtomicBool,
 }
 
 impl std::fmt::Debug for DockerSandbox {
@@ -67,7 +76,8 @@ impl std::fmt::Debug for DockerSandbox {
 
 impl DockerSandbox {
     /// A runtime over `engine` that attaches agents to `gateway` and authenticates their tunnels with
-    /// `tunnel`; per-agent state is kept in `store`.
+    /// `tunnel`; per-agent state is kept in `store`. The engine event watcher (started by
+    /// [`Sandbox::reconcile`]) runs until `shutdown` is cancelled.
     #[must_use]
     pub fn new(
         engine: Engine,
@@ -75,8 +85,9 @@ impl DockerSandbox {
         tunnel: Arc<TunnelServer>,
         store: Arc<dyn Store>,
         config: DockerConfig,
-    ) -> Self {
-        Self {
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|this| Self {
             engine,
             gateway,
             tunnel,
@@ -84,7 +95,34 @@ impl DockerSandbox {
             config,
             topology: tokio::sync::Mutex::new(Topology::default()),
             starting: Mutex::new(HashSet::new()),
-        }
+            this: this.clone(),
+            shutdown,
+            watching: AtomicBool::new(false),
+        })
+    }
+
+    /// The Docker runtime a [`crate::Runtime`] builds by default: on `docker` (the local engine when
+    /// `None`), with the context's gateway, tunnel server, store and shutdown, configured from its
+    /// configuration (see [`DockerConfig::from_config`]).
+    ///
+    /// # Errors
+    /// When the engine cannot be reached or lacks what agenthold needs.
+    pub async fn from_context(ctx: &SandboxContext, docker: Option<bollard::Docker>) -> Result<Arc<Self>> {
+        let instance = engine::instance_label(&ctx.data_dir);
+        let engine = match docker {
+            Some(d) => Engine::from_docker(d, &instance).await?,
+            None => Engine::connect(&instance).await?,
+        };
+        let config =
+            DockerConfig::from_config(&ctx.config, &engine, &ctx.data_dir, ctx.ca.cert_pem()).await?;
+        Ok(Self::new(
+            engine,
+            Arc::clone(&ctx.gateway),
+            Arc::clone(&ctx.tunnel),
+            Arc::clone(&ctx.store),
+            config,
+            ctx.shutdown.clone(),
+        ))
     }
 
     /// The engine connection.
@@ -95,33 +133,6 @@ impl DockerSandbox {
 
     fn starting(&self) -> std::sync::MutexGuard<'_, HashSet<AgentId>> {
         self.starting.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Start a command and stream its output.
-    ///
-    /// # Errors
-    /// When the sandbox does not exist or does not run.
-    pub async fn exec_stream(&self, agent: &AgentId, request: ExecRequest) -> Result<ExecHandle> {
-        exec::start(&self.engine, agent, request).await
-    }
-
-    /// Kill a running command (and everything it started) by its [`ExecHandle::id`].
-    ///
-    /// # Errors
-    /// When the engine fails.
-    pub async fn cancel(&self, agent: &AgentId, exec_id: &str) -> Result<()> {
-        let request = ExecRequest {
-            argv: vec![
-                container::SANDBOXD.to_owned(),
-                "kill".to_owned(),
-                "--id".to_owned(),
-                exec_id.to_owned(),
-            ],
-            ..Default::default()
-        };
-        // `sandboxd kill` itself is not wrapped in `sandboxd run`: exec the binary directly.
-        let handle = exec::start_raw(&self.engine, agent, request).await?;
-        exec::collect(handle).await.map(drop)
     }
 
     /// A new boot: fresh token (its hash expected by the tunnel and persisted), files written, started.
@@ -143,7 +154,7 @@ impl DockerSandbox {
         })
     }
 
-    async fn create_inner(&self, agent: &AgentId, spec: &SandboxSpec, made: &mut Made) -> Result<()> {
+    async fn create_inner(&self, agent: &AgentId, spec: &ContainerSpec, made: &mut Made) -> Result<()> {
         image::require_image(&self.engine.docker, &spec.image).await?;
         let mut topo = self.topology.lock().await;
         let net = topo
@@ -254,9 +265,7 @@ impl Made {
 
 #[async_trait::async_trait]
 impl Sandbox for DockerSandbox {
-    async fn create(&self, agent: &AgentId, spec: &SandboxSpec) -> agenthold_core::Result<SandboxInfo> {
-        // Also here, not only in `Runtime`: a platform may drive this runtime through the `Sandbox` trait.
-        spec.validate_labels()?;
+    async fn create(&self, agent: &AgentId, spec: &ContainerSpec) -> agenthold_core::Result<SandboxInfo> {
         if topology::RECORDS
             .load(self.store.as_ref(), agent)
             .await?
@@ -333,9 +342,34 @@ impl Sandbox for DockerSandbox {
         Ok(self.teardown(agent, keep_volume, None).await?)
     }
 
-    async fn exec(&self, agent: &AgentId, request: ExecRequest) -> agenthold_core::Result<ExecOutput> {
-        let handle = exec::start(&self.engine, agent, request).await?;
-        Ok(exec::collect(handle).await?)
+    async fn exec_stream(&self, agent: &AgentId, request: ExecRequest) -> agenthold_core::Result<ExecStream> {
+        Ok(exec::start(&self.engine, agent, request).await?)
+    }
+
+    async fn cancel_exec(&self, agent: &AgentId, exec_id: &str) -> agenthold_core::Result<()> {
+        let request = ExecRequest {
+            argv: vec![
+                container::SANDBOXD.to_owned(),
+                "kill".to_owned(),
+                "--id".to_owned(),
+                exec_id.to_owned(),
+            ],
+            ..Default::default()
+        };
+        // `sandboxd kill` itself is not wrapped in `sandboxd run`: exec the binary directly.
+        let killed = exec::start_raw(&self.engine, agent, request, String::new()).await?;
+        killed.collect().await.map(drop)
+    }
+
+    async fn reconcile(&self, _agents: &[AgentId]) -> agenthold_core::Result<ReconcileReport> {
+        // This runtime's own records name every sandbox it made (pooled ones too), with their networks.
+        let report = self.reconcile_records().await?;
+        if !self.watching.swap(true, Ordering::SeqCst)
+            && let Some(this) = self.this.upgrade()
+        {
+            this.watch(self.shutdown.clone());
+        }
+        Ok(report)
     }
 
     async fn read_file(&self, agent: &AgentId, path: &str) -> agenthold_core::Result<Vec<u8>> {

@@ -70,8 +70,10 @@ pub(crate) fn classify_core(e: agenthold_core::Error) -> (Class, String) {
     match e {
         E::PolicyEntry { .. } | E::HostName { .. } => (Class::Policy, e.to_string()),
         E::Template { .. } | E::HeaderValue { .. } | E::Secret { .. } => (Class::Secret, e.to_string()),
-        // A reserved or malformed label is a bad sandbox spec, not a network policy (S15).
-        E::NotFound { .. } | E::InvalidId { .. } | E::Label { .. } => (Class::Sandbox, e.to_string()),
+        // A reserved or malformed label is a bad sandbox spec, not a network policy (S15); so is a bad limit.
+        E::NotFound { .. } | E::InvalidId { .. } | E::Label { .. } | E::SandboxSpec { .. } => {
+            (Class::Sandbox, e.to_string())
+        }
         E::Backend {
             kind,
             context,
