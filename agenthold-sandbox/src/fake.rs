@@ -266,7 +266,7 @@ fn info(agent: &AgentId, a: &Agent) -> SandboxInfo {
     SandboxInfo {
         agent: agent.clone(),
         state: a.state,
-        image: a.spec.image.clone(),
+        image: a.spec.image().to_owned(),
     }
 }
 

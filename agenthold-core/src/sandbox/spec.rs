@@ -86,12 +86,7 @@ impl SandboxSpec {
             return bad("pids", "give a positive process count, e.g. 256".into());
         }
         for (key, value) in &self.env {
-            if key.is_empty() || key.contains('=') || key.contains('\0') {
-                return bad("env", format!("{key:?} is not a valid environment variable name"));
-            }
-            if value.contains('\0') {
-                return bad("env", format!("the value of {key} contains a NUL byte"));
-            }
+            check_env(key, value)?;
         }
         let mut names = std::collections::HashSet::new();
         let mut vars = std::collections::HashSet::new();
@@ -212,25 +207,89 @@ fn default_image() -> String {
 }
 
 /// The container half of a [`SandboxSpec`]: what a `Sandbox` implementation is given. Only
-/// [`SandboxSpec::split`] makes one, so an implementation receives it checked (S15: no reserved label).
+/// [`SandboxSpec::split`] makes one and its fields are read-only, so an implementation always receives it
+/// checked (S15: no reserved label), however it is driven.
 #[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
 pub struct ContainerSpec {
+    image: String,
+    env: BTreeMap<String, String>,
+    cpus: Option<f64>,
+    memory_bytes: Option<u64>,
+    pids: Option<u32>,
+    runtime: Option<String>,
+    labels: BTreeMap<String, String>,
+}
+
+impl ContainerSpec {
     /// Container image.
-    pub image: String,
-    /// Extra environment variables for every process in the sandbox (the runtime adds the secrets'
-    /// placeholders here).
-    pub env: BTreeMap<String, String>,
+    #[must_use]
+    pub fn image(&self) -> &str {
+        &self.image
+    }
+
+    /// Extra environment variables for every process in the sandbox (with the secrets' placeholders once
+    /// the runtime added them).
+    #[must_use]
+    pub fn env(&self) -> &BTreeMap<String, String> {
+        &self.env
+    }
+
     /// CPU limit in cores; `None` for the runtime's default.
-    pub cpus: Option<f64>,
+    #[must_use]
+    pub fn cpus(&self) -> Option<f64> {
+        self.cpus
+    }
+
     /// Memory limit in bytes; `None` for the runtime's default.
-    pub memory_bytes: Option<u64>,
+    #[must_use]
+    pub fn memory_bytes(&self) -> Option<u64> {
+        self.memory_bytes
+    }
+
     /// Process (PID) limit; `None` for the runtime's default.
-    pub pids: Option<u32>,
+    #[must_use]
+    pub fn pids(&self) -> Option<u32> {
+        self.pids
+    }
+
     /// OCI runtime; `None` for the configured default.
-    pub runtime: Option<String>,
+    #[must_use]
+    pub fn runtime(&self) -> Option<&str> {
+        self.runtime.as_deref()
+    }
+
     /// Labels to put on the sandbox's engine objects, in addition to agenthold's own.
-    pub labels: BTreeMap<String, String>,
+    #[must_use]
+    pub fn labels(&self) -> &BTreeMap<String, String> {
+        &self.labels
+    }
+
+    /// Set an environment variable (the runtime puts each secret's placeholder in its variable this way).
+    ///
+    /// # Errors
+    /// [`Error::SandboxSpec`] for a name that is empty or holds `=` or NUL, or a value with NUL.
+    pub fn set_env(&mut self, name: &str, value: &str) -> Result<()> {
+        check_env(name, value)?;
+        self.env.insert(name.to_owned(), value.to_owned());
+        Ok(())
+    }
+}
+
+/// An environment variable's name and value are usable (see [`SandboxSpec::split`]).
+fn check_env(key: &str, value: &str) -> Result<()> {
+    let bad = |problem: String| {
+        Err(Error::SandboxSpec {
+            field: "env",
+            problem,
+        })
+    };
+    if key.is_empty() || key.contains('=') || key.contains('\0') {
+        return bad(format!("{key:?} is not a valid environment variable name"));
+    }
+    if value.contains('\0') {
+        return bad(format!("the value of {key} contains a NUL byte"));
+    }
+    Ok(())
 }
 
 /// The gateway half of a [`SandboxSpec`]: what the runtime's egress gateway enforces for the agent.
@@ -322,14 +381,19 @@ mod tests {
             labels: BTreeMap::from([("team".into(), "x".into())]),
         };
         let (container, gateway) = spec.clone().split().unwrap();
-        assert_eq!(container.image, "img:1");
-        assert_eq!(container.env.len(), 1);
+        assert_eq!(container.image(), "img:1");
+        assert_eq!(container.env().len(), 1);
         assert_eq!(
-            (container.cpus, container.memory_bytes, container.pids),
+            (container.cpus(), container.memory_bytes(), container.pids()),
             (Some(0.5), Some(1 << 20), Some(64))
         );
-        assert_eq!(container.runtime.as_deref(), Some("runc"));
-        assert_eq!(container.labels.len(), 1);
+        assert_eq!(container.runtime(), Some("runc"));
+        assert_eq!(container.labels().len(), 1);
+        let mut container = container;
+        container.set_env("B", "2").unwrap();
+        assert!(container.set_env("B=C", "2").is_err());
+        assert!(container.set_env("B", "\0").is_err());
+        container.env.remove("B");
         assert_eq!(gateway.policy, spec.policy);
         assert_eq!(gateway.secrets, spec.secrets);
         let joined = SandboxSpec::join(container, gateway);

@@ -155,7 +155,7 @@ impl DockerSandbox {
     }
 
     async fn create_inner(&self, agent: &AgentId, spec: &ContainerSpec, made: &mut Made) -> Result<()> {
-        image::require_image(&self.engine.docker, &spec.image).await?;
+        image::require_image(&self.engine.docker, spec.image()).await?;
         let mut topo = self.topology.lock().await;
         let net = topo
             .allocate(&self.engine, self.config.subnet_pool, agent)
@@ -281,7 +281,7 @@ impl Sandbox for DockerSandbox {
             Ok(()) => Ok(SandboxInfo {
                 agent: agent.clone(),
                 state: SandboxState::Running,
-                image: spec.image.clone(),
+                image: spec.image().to_owned(),
             }),
             Err(e) => {
                 if made.anything()

@@ -163,15 +163,16 @@ impl Runtime {
             Some(table) => table.set(agent, secrets.clone()),
             None => Vec::new(),
         };
-        for p in &placeholders {
-            if let Some(env) = &p.env {
-                container.env.insert(env.clone(), p.placeholder.clone());
-            }
-        }
         if let Some(table) = self.policy.table() {
             table.set(agent.clone(), gateway.policy.clone());
         }
+        // From here on a failure undoes the tables' entries too.
         let created = async {
+            for p in &placeholders {
+                if let Some(env) = &p.env {
+                    container.set_env(env, &p.placeholder)?;
+                }
+            }
             let spec = SandboxSpec::join(container.clone(), gateway);
             let record = AgentRecord::new(&spec, &secrets, &placeholders, &self.vault, agent)?;
             records::RECORDS.save(self.store.as_ref(), agent, &record).await?;

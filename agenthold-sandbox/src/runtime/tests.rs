@@ -89,9 +89,9 @@ async fn create_splits_the_spec_and_remove_forgets_everything() {
     let agent = runtime.create_sandbox(full_spec()).await.unwrap();
 
     let spec = fake.spec(&agent).expect("created in the sandbox runtime");
-    assert_eq!(spec.env.get("A").map(String::as_str), Some("1"));
+    assert_eq!(spec.env().get("A").map(String::as_str), Some("1"));
     let placeholder = spec
-        .env
+        .env()
         .get("TOKEN")
         .expect("the placeholder is in the environment");
     assert!(
@@ -269,7 +269,7 @@ async fn a_restarted_runtime_restores_its_agents() {
         wait_ready(&runtime, 1).await;
         let pooled = fake.agents()[0].clone();
         let agent = runtime.create_sandbox(full_spec()).await.unwrap();
-        let placeholder = fake.spec(&agent).unwrap().env["TOKEN"].clone();
+        let placeholder = fake.spec(&agent).unwrap().env()["TOKEN"].clone();
         // Dropped without a shutdown, as a killed process would be: the pool is not drained.
         (agent, placeholder, pooled)
     };

@@ -192,7 +192,7 @@ impl Sandbox for ProcessSandbox {
                     "the sandbox is stopped",
                 )
             })?;
-            (a.spec.env.clone(), a.dir.clone(), proxy)
+            (a.spec.env().clone(), a.dir.clone(), proxy)
         };
         let proxy = format!("http://{proxy}");
         let ca = dir.join(".agenthold/ca.crt");
@@ -307,7 +307,7 @@ impl Sandbox for ProcessSandbox {
             } else {
                 SandboxState::Stopped
             },
-            image: a.spec.image.clone(),
+            image: a.spec.image().to_owned(),
         })
     }
 }
