@@ -162,6 +162,15 @@ pub enum Error {
         /// What is wrong with it.
         problem: String,
     },
+    /// A sandbox spec is invalid (an empty image, a limit that is not positive, a bad environment
+    /// variable); labels and secrets have their own variants.
+    #[error("sandbox spec: {field}: {problem}")]
+    SandboxSpec {
+        /// The field (`image`, `cpus`, `memory`, `pids`, `env`).
+        field: &'static str,
+        /// What is wrong and what to give instead.
+        problem: String,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -218,7 +227,7 @@ impl Error {
         match self {
             Self::PolicyEntry { .. } | Self::HostName { .. } => ErrorKind::Policy,
             Self::Template { .. } | Self::HeaderValue { .. } | Self::Secret { .. } => ErrorKind::Secret,
-            Self::InvalidId { .. } | Self::Label { .. } => ErrorKind::BadInput,
+            Self::InvalidId { .. } | Self::Label { .. } | Self::SandboxSpec { .. } => ErrorKind::BadInput,
             Self::Config { .. } | Self::MasterKey { .. } => ErrorKind::Config,
             Self::Decrypt { .. } | Self::LegacySealed { .. } => ErrorKind::Integrity,
             Self::Io { .. } | Self::Store { .. } => ErrorKind::Storage,

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use agenthold_sandbox::Error;
-use agenthold_sandbox::image::{
+use agenthold_sandbox::docker::image::{
     DEV_IMAGE, DevImageOptions, INPUTS_LABEL, current_dev_image, ensure_dev_image, ensure_sandboxd_image,
     image_exists, require_image,
 };

@@ -1,4 +1,4 @@
-//! `agenthold image …`: local images, built without a registry ([`agenthold_sandbox::image`]).
+//! `agenthold image …`: local images, built without a registry ([`agenthold_sandbox::docker::image`]).
 //!
 //! - `agenthold image build-dev [--data-dir DIR] [--mirror URL] [--force]` builds `agenthold/dev:latest`
 //!   from Debian packages unless the existing one was built from the same inputs, and prints its id and
@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use agenthold_core::Config;
-use agenthold_sandbox::image::{DEV_IMAGE, DevImageOptions, current_dev_image, ensure_dev_image};
+use agenthold_sandbox::docker::image::{DEV_IMAGE, DevImageOptions, current_dev_image, ensure_dev_image};
 use anyhow::Context;
 
 /// `agenthold image`: its subcommands.

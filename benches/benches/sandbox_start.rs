@@ -42,9 +42,9 @@ use agenthold_benches::report::median;
 use agenthold_benches::table::{num, render};
 use agenthold_core::{AgentId, SandboxSpec};
 use agenthold_sandbox::Runtime;
-use agenthold_sandbox::engine::{LABEL_INSTANCE, LABEL_ROLE};
-use agenthold_sandbox::image::{DEV_IMAGE, DevImageOptions, ensure_dev_image};
-use agenthold_sandbox::network::AgentNetwork;
+use agenthold_sandbox::docker::engine::{LABEL_INSTANCE, LABEL_ROLE};
+use agenthold_sandbox::docker::image::{DEV_IMAGE, DevImageOptions, ensure_dev_image};
+use agenthold_sandbox::docker::network::AgentNetwork;
 use anyhow::{Context, Result, bail};
 use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig, Ipam, IpamConfig, NetworkCreateRequest};
@@ -327,7 +327,7 @@ const POOL_PATIENCE: Duration = Duration::from_secs(120);
 /// hand-out (`create_sandbox` + first exec) and `docker run --rm`, in rotating order.
 async fn pool_phase(rounds: usize, docker: &Docker) -> Result<PoolPhase> {
     let data_dir = tempfile::tempdir().context("data directory")?;
-    let instance = agenthold_sandbox::engine::instance_label(data_dir.path());
+    let instance = agenthold_sandbox::docker::engine::instance_label(data_dir.path());
     let runtime = Runtime::builder()
         .data_dir(data_dir.path())
         .warm_pool(1)
@@ -662,16 +662,16 @@ async fn leaks(docker: &Docker, instance: &str, made: &[AgentId]) -> Result<Vec<
             .iter()
             .map(|c| format!("reference container {:?}", c.names)),
     );
-    if agenthold_sandbox::hostfw::host_table_exists(instance) {
+    if agenthold_sandbox::docker::hostfw::host_table_exists(instance) {
         left.push(format!(
             "host nftables table {}",
-            agenthold_sandbox::hostfw::host_table(instance)
+            agenthold_sandbox::docker::hostfw::host_table(instance)
         ));
     }
     for agent in made {
         // The bridge name depends on the agent only.
         let net = AgentNetwork::for_agent(agent, "10.0.0.0/24".parse()?);
-        if agenthold_sandbox::hostfw::bridge_allowed(&net.bridge) {
+        if agenthold_sandbox::docker::hostfw::bridge_allowed(&net.bridge) {
             left.push(format!("DOCKER-USER rules for {}", net.bridge));
         }
     }
@@ -893,7 +893,8 @@ async fn engine_steps(docker: &Docker, pool: ipnet::Ipv4Net, rounds: usize) -> R
     };
     let pid = std::process::id();
     for round in 0..rounds {
-        let subnet = agenthold_sandbox::network::allocate_subnet(docker, pool, &Default::default()).await?;
+        let subnet =
+            agenthold_sandbox::docker::network::allocate_subnet(docker, pool, &Default::default()).await?;
         let network = format!("{REFERENCE_PREFIX}-net-{pid}-{round}");
         let gateway = {
             let [a, b, c, _] = subnet.network().octets();

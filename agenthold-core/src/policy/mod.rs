@@ -290,6 +290,14 @@ pub trait EgressPolicy: Send + Sync {
     fn decide(&self, agent: &AgentId, dest: &Destination) -> Verdict;
     /// Whether `agent` may resolve `name` through the gateway's DNS.
     fn may_resolve(&self, agent: &AgentId, name: &str) -> Verdict;
+
+    /// The per-agent table the runtime sets policies in, when this policy has one (capability). The
+    /// default [`PolicyTable`] is its own; a platform's policy that decides by itself answers `None` (the
+    /// default): the runtime then applies no spec's policy, `set_policy` is unavailable and there is no
+    /// warm pool (a pooled sandbox must refuse everything until it is handed out).
+    fn table(&self) -> Option<&PolicyTable> {
+        None
+    }
 }
 
 /// The default [`EgressPolicy`]: one [`NetworkPolicy`] per agent, replaceable at run time.
@@ -345,6 +353,10 @@ impl EgressPolicy for PolicyTable {
     fn may_resolve(&self, agent: &AgentId, name: &str) -> Verdict {
         self.get(agent)
             .map_or(Verdict::Denied(DenyReason::UnknownAgent), |p| p.may_resolve(name))
+    }
+
+    fn table(&self) -> Option<&PolicyTable> {
+        Some(self)
     }
 }
 

@@ -690,6 +690,13 @@ pub trait SecretInjector: Send + Sync {
     fn refresh_error(&self, _agent: &AgentId, _secret: &str, _body: &[u8]) -> Vec<u8> {
         br#"{"error":"token_refresh_failed"}"#.to_vec()
     }
+
+    /// The per-agent table the runtime sets secrets in, when this injector has one (capability). The
+    /// default [`SecretTable`] is its own; a platform's injector that finds values by itself answers `None`
+    /// (the default): the runtime then keeps specs' secrets sealed in its records but injects none of them.
+    fn table(&self) -> Option<&SecretTable> {
+        None
+    }
 }
 
 #[cfg(test)]

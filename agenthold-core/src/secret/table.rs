@@ -309,6 +309,10 @@ fn in_its_place(secret: &Attached, host: &str, hit: &Hit) -> bool {
 }
 
 impl SecretInjector for SecretTable {
+    fn table(&self) -> Option<&SecretTable> {
+        Some(self)
+    }
+
     fn has_secrets(&self, agent: &AgentId) -> bool {
         self.get(agent).is_some_and(|a| !a.attached.is_empty())
     }

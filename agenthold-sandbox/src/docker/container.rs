@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use agenthold_core::AgentId;
-use agenthold_core::sandbox::SandboxSpec;
+use agenthold_core::sandbox::ContainerSpec;
 use bollard::body_full;
 use bollard::models::{
     ContainerCreateBody, HostConfig, Mount, MountType, RestartPolicy, RestartPolicyNameEnum,
@@ -14,10 +14,10 @@ use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainer
 use bytes::Bytes;
 
 use super::DockerConfig;
-use crate::archive::{self, Entry};
-use crate::engine::Engine;
+use crate::docker::archive::{self, Entry};
+use crate::docker::engine::Engine;
+use crate::docker::network::AgentNetwork;
 use crate::error::{Error, Result};
-use crate::network::AgentNetwork;
 
 /// The sandboxd binary inside a sandbox (bind-mounted read-only).
 pub(crate) const SANDBOXD: &str = "/.agenthold/bin/sandboxd";
@@ -67,7 +67,7 @@ pub(crate) fn volume_name(agent: &AgentId) -> String {
 /// The environment every sandbox gets: the datapath's (proxy, tunnel, CA) and then the spec's own.
 fn environment(
     agent: &AgentId,
-    spec: &SandboxSpec,
+    spec: &ContainerSpec,
     net: &AgentNetwork,
     config: &DockerConfig,
 ) -> Vec<String> {
@@ -89,7 +89,7 @@ fn environment(
     if let Some(tunnel) = config.ports.tunnel {
         env.insert("AGENTHOLD_TUNNEL".to_owned(), format!("{gateway}:{tunnel}"));
     }
-    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.extend(spec.env().iter().map(|(k, v)| (k.clone(), v.clone())));
     env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
@@ -97,33 +97,31 @@ fn environment(
 pub(crate) async fn create(
     engine: &Engine,
     agent: &AgentId,
-    spec: &SandboxSpec,
+    spec: &ContainerSpec,
     net: &AgentNetwork,
     config: &DockerConfig,
 ) -> Result<()> {
     let runtime = spec
-        .runtime
-        .clone()
-        .unwrap_or_else(|| config.default_runtime.clone());
+        .runtime()
+        .map_or_else(|| config.default_runtime.clone(), str::to_owned);
     engine.check_runtime(&runtime)?;
-    let cpus = spec.cpus.unwrap_or(config.cpus);
-    if !(cpus > 0.0 && cpus.is_finite()) {
-        return Err(Error::BadInput {
-            problem: format!("cpus must be a positive number, not {cpus}"),
-        });
-    }
+    // The spec's limits were checked by `SandboxSpec::split`, the defaults by `Config`.
+    let cpus = spec.cpus().unwrap_or(config.cpus);
     // Rounding to whole nano-CPUs is the engine's own resolution.
     #[allow(clippy::cast_possible_truncation)]
     let nano_cpus = (cpus * 1e9) as i64;
     let memory =
-        i64::try_from(spec.memory_bytes.unwrap_or(config.memory_bytes)).map_err(|_| Error::BadInput {
+        i64::try_from(spec.memory_bytes().unwrap_or(config.memory_bytes)).map_err(|_| Error::BadInput {
             problem: "memory limit too large".into(),
         })?;
-    let pids = i64::from(spec.pids.unwrap_or(config.pids));
+    let pids = i64::from(spec.pids().unwrap_or(config.pids));
     let resolv = write_resolv_conf(agent, net, config)?;
-    // The spec's labels first, agenthold's last: should a reserved key get past validation, ours win (S15).
-    let mut labels: std::collections::HashMap<String, String> =
-        spec.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    // The spec's labels first, agenthold's last: should a reserved key get past the check, ours win (S15).
+    let mut labels: std::collections::HashMap<String, String> = spec
+        .labels()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     labels.extend(engine.labels(Some(agent), "sandbox"));
     let mounts = vec![
         Mount {
@@ -150,7 +148,7 @@ pub(crate) async fn create(
         },
     ];
     let body = ContainerCreateBody {
-        image: Some(spec.image.clone()),
+        image: Some(spec.image().to_owned()),
         hostname: Some(format!(
             "agent-{}",
             &agent.as_str()[..agent.as_str().len().min(20)]

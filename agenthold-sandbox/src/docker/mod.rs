@@ -4,67 +4,49 @@
 //! Order matters for failing closed: the network, the gateway's `.2`, the nftables rules and the listeners
 //! exist before a sandbox first starts, and a failed create removes whatever it had made.
 
+mod archive;
+mod config;
 mod container;
+pub mod engine;
 mod exec;
+pub mod holder;
+pub mod hostfw;
+pub mod image;
+pub mod network;
 mod reconcile;
 mod topology;
 
 use std::collections::HashSet;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use agenthold_core::sandbox::{ExecOutput, ExecRequest, SandboxInfo, SandboxSpec, SandboxState};
+use agenthold_core::sandbox::{
+    ContainerSpec, ExecRequest, ExecStream, ReconcileReport, SandboxInfo, SandboxState,
+};
 use agenthold_core::{AgentId, Sandbox, Store};
 use agenthold_egress::Gateway;
-use agenthold_egress::nft::Ports;
 use bollard::models::VolumeCreateRequest;
 use bollard::query_parameters::{
     DownloadFromContainerOptions, InspectContainerOptions, RemoveContainerOptions, RemoveVolumeOptions,
     StartContainerOptions, StopContainerOptions, UploadToContainerOptions,
 };
 use futures_util::TryStreamExt;
-use ipnet::Ipv4Net;
+use tokio_util::sync::CancellationToken;
 
+pub use config::DockerConfig;
 pub use container::DATAPATH_ENV;
-pub use exec::{Chunk, ExecHandle, MAX_CAPTURE};
-pub use reconcile::ReconcileReport;
 
-use crate::archive::{self, Entry};
-use crate::engine::{Engine, is_not_found, is_not_modified};
+use crate::docker::engine::{Engine, is_not_found, is_not_modified};
+use crate::docker::network::AgentNetwork;
 use crate::error::{Error, Result};
-use crate::image;
-use crate::network::AgentNetwork;
+use crate::runtime::SandboxContext;
 use crate::tunnel::{TunnelServer, new_token};
+use archive::Entry;
 use container::{container_name, volume_name};
 use topology::{AgentRecord, Topology};
 
 /// Largest file [`DockerSandbox`] reads in one piece.
 pub const MAX_FILE: usize = 256 * 1024 * 1024;
-
-/// How sandboxes are made.
-#[derive(Debug, Clone)]
-pub struct DockerConfig {
-    /// The gateway's ports inside its namespace.
-    pub ports: Ports,
-    /// Each agent network takes one /24 from here.
-    pub subnet_pool: Ipv4Net,
-    /// OCI runtime when a spec names none.
-    pub default_runtime: String,
-    /// CPU limit when a spec gives none.
-    pub cpus: f64,
-    /// Memory limit when a spec gives none.
-    pub memory_bytes: u64,
-    /// PID limit when a spec gives none.
-    pub pids: u32,
-    /// The static sandboxd on the host, bind-mounted read-only into every sandbox.
-    pub sandboxd_path: PathBuf,
-    /// Where per-agent files the runtime mounts into sandboxes live (`<data_dir>/run`).
-    pub state_dir: PathBuf,
-    /// The image of the gateway holder (scratch + sandboxd).
-    pub sandboxd_image: String,
-    /// The installation's CA, written into every sandbox at every start.
-    pub ca_pem: String,
-}
 
 /// The Docker sandbox runtime.
 pub struct DockerSandbox {
@@ -76,6 +58,12 @@ pub struct DockerSandbox {
     topology: tokio::sync::Mutex<Topology>,
     /// Agents agenthold itself started and whose start event the watcher has not seen yet.
     starting: Mutex<HashSet<AgentId>>,
+    /// Itself, for the event watcher [`Sandbox::reconcile`] starts.
+    this: Weak<Self>,
+    /// Ends the event watcher (the runtime's shutdown).
+    shutdown: CancellationToken,
+    /// Whether the event watcher runs.
+    watching: AtomicBool,
 }
 
 impl std::fmt::Debug for DockerSandbox {
@@ -88,7 +76,8 @@ impl std::fmt::Debug for DockerSandbox {
 
 impl DockerSandbox {
     /// A runtime over `engine` that attaches agents to `gateway` and authenticates their tunnels with
-    /// `tunnel`; per-agent state is kept in `store`.
+    /// `tunnel`; per-agent state is kept in `store`. The engine event watcher (started by
+    /// [`Sandbox::reconcile`]) runs until `shutdown` is cancelled.
     #[must_use]
     pub fn new(
         engine: Engine,
@@ -96,8 +85,9 @@ impl DockerSandbox {
         tunnel: Arc<TunnelServer>,
         store: Arc<dyn Store>,
         config: DockerConfig,
-    ) -> Self {
-        Self {
+        shutdown: CancellationToken,
+    ) -> Arc<Self> {
+        Arc::new_cyclic(|this| Self {
             engine,
             gateway,
             tunnel,
@@ -105,7 +95,34 @@ impl DockerSandbox {
             config,
             topology: tokio::sync::Mutex::new(Topology::default()),
             starting: Mutex::new(HashSet::new()),
-        }
+            this: this.clone(),
+            shutdown,
+            watching: AtomicBool::new(false),
+        })
+    }
+
+    /// The Docker runtime a [`crate::Runtime`] builds by default: on `docker` (the local engine when
+    /// `None`), with the context's gateway, tunnel server, store and shutdown, configured from its
+    /// configuration (see [`DockerConfig::from_config`]).
+    ///
+    /// # Errors
+    /// When the engine cannot be reached or lacks what agenthold needs.
+    pub async fn from_context(ctx: &SandboxContext, docker: Option<bollard::Docker>) -> Result<Arc<Self>> {
+        let instance = engine::instance_label(&ctx.data_dir);
+        let engine = match docker {
+            Some(d) => Engine::from_docker(d, &instance).await?,
+            None => Engine::connect(&instance).await?,
+        };
+        let config =
+            DockerConfig::from_config(&ctx.config, &engine, &ctx.data_dir, ctx.ca.cert_pem()).await?;
+        Ok(Self::new(
+            engine,
+            Arc::clone(&ctx.gateway),
+            Arc::clone(&ctx.tunnel),
+            Arc::clone(&ctx.store),
+            config,
+            ctx.shutdown.clone(),
+        ))
     }
 
     /// The engine connection.
@@ -116,33 +133,6 @@ impl DockerSandbox {
 
     fn starting(&self) -> std::sync::MutexGuard<'_, HashSet<AgentId>> {
         self.starting.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Start a command and stream its output.
-    ///
-    /// # Errors
-    /// When the sandbox does not exist or does not run.
-    pub async fn exec_stream(&self, agent: &AgentId, request: ExecRequest) -> Result<ExecHandle> {
-        exec::start(&self.engine, agent, request).await
-    }
-
-    /// Kill a running command (and everything it started) by its [`ExecHandle::id`].
-    ///
-    /// # Errors
-    /// When the engine fails.
-    pub async fn cancel(&self, agent: &AgentId, exec_id: &str) -> Result<()> {
-        let request = ExecRequest {
-            argv: vec![
-                container::SANDBOXD.to_owned(),
-                "kill".to_owned(),
-                "--id".to_owned(),
-                exec_id.to_owned(),
-            ],
-            ..Default::default()
-        };
-        // `sandboxd kill` itself is not wrapped in `sandboxd run`: exec the binary directly.
-        let handle = exec::start_raw(&self.engine, agent, request).await?;
-        exec::collect(handle).await.map(drop)
     }
 
     /// A new boot: fresh token (its hash expected by the tunnel and persisted), files written, started.
@@ -164,14 +154,14 @@ impl DockerSandbox {
         })
     }
 
-    async fn create_inner(&self, agent: &AgentId, spec: &SandboxSpec, made: &mut Made) -> Result<()> {
-        image::require_image(&self.engine.docker, &spec.image).await?;
+    async fn create_inner(&self, agent: &AgentId, spec: &ContainerSpec, made: &mut Made) -> Result<()> {
+        image::require_image(&self.engine.docker, spec.image()).await?;
         let mut topo = self.topology.lock().await;
         let net = topo
             .allocate(&self.engine, self.config.subnet_pool, agent)
             .await?;
         made.network = Some(net.clone());
-        crate::network::create(&self.engine, agent, &net).await?;
+        crate::docker::network::create(&self.engine, agent, &net).await?;
         made.record = true;
         topology::RECORDS
             .save(
@@ -236,7 +226,7 @@ impl DockerSandbox {
         if let Some(net) = &net {
             topo.detach(&self.engine, &self.gateway, &self.config, agent, net)
                 .await?;
-            crate::network::remove(&self.engine.docker, &net.name).await?;
+            crate::docker::network::remove(&self.engine.docker, &net.name).await?;
         }
         drop(topo);
         let _ = std::fs::remove_file(self.config.state_dir.join("resolv").join(format!("{agent}.conf")));
@@ -275,9 +265,7 @@ impl Made {
 
 #[async_trait::async_trait]
 impl Sandbox for DockerSandbox {
-    async fn create(&self, agent: &AgentId, spec: &SandboxSpec) -> agenthold_core::Result<SandboxInfo> {
-        // Also here, not only in `Runtime`: a platform may drive this runtime through the `Sandbox` trait.
-        spec.validate_labels()?;
+    async fn create(&self, agent: &AgentId, spec: &ContainerSpec) -> agenthold_core::Result<SandboxInfo> {
         if topology::RECORDS
             .load(self.store.as_ref(), agent)
             .await?
@@ -293,7 +281,7 @@ impl Sandbox for DockerSandbox {
             Ok(()) => Ok(SandboxInfo {
                 agent: agent.clone(),
                 state: SandboxState::Running,
-                image: spec.image.clone(),
+                image: spec.image().to_owned(),
             }),
             Err(e) => {
                 if made.anything()
@@ -355,9 +343,34 @@ impl Sandbox for DockerSandbox {
         Ok(self.teardown(agent, keep_volume, None).await?)
     }
 
-    async fn exec(&self, agent: &AgentId, request: ExecRequest) -> agenthold_core::Result<ExecOutput> {
-        let handle = exec::start(&self.engine, agent, request).await?;
-        Ok(exec::collect(handle).await?)
+    async fn exec_stream(&self, agent: &AgentId, request: ExecRequest) -> agenthold_core::Result<ExecStream> {
+        Ok(exec::start(&self.engine, agent, request).await?)
+    }
+
+    async fn cancel_exec(&self, agent: &AgentId, exec_id: &str) -> agenthold_core::Result<()> {
+        let request = ExecRequest {
+            argv: vec![
+                container::SANDBOXD.to_owned(),
+                "kill".to_owned(),
+                "--id".to_owned(),
+                exec_id.to_owned(),
+            ],
+            ..Default::default()
+        };
+        // `sandboxd kill` itself is not wrapped in `sandboxd run`: exec the binary directly.
+        let killed = exec::start_raw(&self.engine, agent, request, String::new()).await?;
+        killed.collect().await.map(drop)
+    }
+
+    async fn reconcile(&self, _agents: &[AgentId]) -> agenthold_core::Result<ReconcileReport> {
+        // This runtime's own records name every sandbox it made (pooled ones too), with their networks.
+        let report = self.reconcile_records().await?;
+        if !self.watching.swap(true, Ordering::SeqCst)
+            && let Some(this) = self.this.upgrade()
+        {
+            this.watch(self.shutdown.clone());
+        }
+        Ok(report)
     }
 
     async fn read_file(&self, agent: &AgentId, path: &str) -> agenthold_core::Result<Vec<u8>> {

@@ -11,32 +11,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agenthold_core::AgentId;
+use agenthold_core::sandbox::ReconcileReport;
 use bollard::query_parameters::{EventsOptions, InspectContainerOptions};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::container::{container_name, write_boot_files};
 use super::{DockerSandbox, topology};
-use crate::engine::{LABEL_AGENT, LABEL_INSTANCE, LABEL_ROLE, is_not_found};
+use crate::docker::engine::{LABEL_AGENT, LABEL_INSTANCE, LABEL_ROLE, is_not_found};
+use crate::docker::holder::Holder;
 use crate::error::{Error, Result};
-use crate::holder::Holder;
 use crate::tunnel::new_token;
 
-/// What a reconcile found.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ReconcileReport {
-    /// Agents whose datapath was restored (running or stopped).
-    pub restored: Vec<AgentId>,
-    /// Agents with a record but no container (left for the owner to remove), with why.
-    pub missing: Vec<AgentId>,
-}
-
 impl DockerSandbox {
-    /// Restore every agent this installation knows.
-    ///
-    /// # Errors
-    /// When the engine or the store fails.
-    pub async fn reconcile(&self) -> Result<ReconcileReport> {
+    /// Restore every agent this installation knows (by its own records).
+    pub(super) async fn reconcile_records(&self) -> Result<ReconcileReport> {
         let mut report = ReconcileReport::default();
         for (agent, record) in topology::RECORDS.list(self.store.as_ref()).await? {
             let running = match self
@@ -106,7 +95,7 @@ impl DockerSandbox {
     }
 
     /// Watch engine events until `cancel`, restoring what restarts take away.
-    pub fn watch(self: &Arc<Self>, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
+    pub(super) fn watch(self: &Arc<Self>, cancel: CancellationToken) -> tokio::task::JoinHandle<()> {
         let this = Arc::clone(self);
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(200);

@@ -16,11 +16,11 @@ use ipnet::Ipv4Net;
 use tokio_util::sync::CancellationToken;
 
 use super::DockerConfig;
-use crate::engine::Engine;
+use crate::docker::engine::Engine;
+use crate::docker::holder::Holder;
+use crate::docker::hostfw;
+use crate::docker::network::{AgentNetwork, allocate_subnet};
 use crate::error::{Error, Result};
-use crate::holder::Holder;
-use crate::hostfw;
-use crate::network::{AgentNetwork, allocate_subnet};
 use crate::table::AgentTable;
 use crate::tunnel::TunnelServer;
 
@@ -170,7 +170,7 @@ impl Topology {
                 .await
             {
                 Ok(()) => {}
-                Err(e) if crate::engine::is_not_found(&e) => {}
+                Err(e) if crate::docker::engine::is_not_found(&e) => {}
                 Err(e) => return Err(Error::engine("remove the gateway container", e)),
             }
             self.holder = None;

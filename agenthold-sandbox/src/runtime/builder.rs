@@ -8,22 +8,32 @@ use agenthold_core::policy::{EgressPolicy, PolicyTable};
 use agenthold_core::secret::{SecretInjector, SecretTable, SecretValue};
 use agenthold_core::store::RedbStore;
 use agenthold_core::{AgentId, Config, MasterKey, Sandbox, Store, Vault};
-use agenthold_egress::nft::Ports;
 use agenthold_egress::{CertificateAuthority, Dangerous, Gateway};
 use base64::Engine as _;
-use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::Runtime;
+use super::context::SandboxContext;
+use super::pool::Pool;
 use super::records::{self, secret_id};
-use crate::docker::{DockerConfig, DockerSandbox};
-use crate::engine::Engine;
+use crate::docker::DockerSandbox;
 use crate::error::{Error, Result};
-use crate::image;
 use crate::tunnel::{TunnelLimits, TunnelServer};
 
-/// The static sandboxd this crate was built with (see `build.rs`).
-const SANDBOXD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sandboxd"));
+/// Builds a sandbox runtime from the runtime's parts.
+type SandboxFactory = Box<dyn FnOnce(&SandboxContext) -> Arc<dyn Sandbox> + Send>;
+
+/// Where the runtime's sandboxes come from.
+#[derive(Default)]
+enum SandboxSource {
+    /// Docker, on the given engine or the local one.
+    #[default]
+    Docker,
+    /// A sandbox runtime made elsewhere.
+    Given(Arc<dyn Sandbox>),
+    /// A sandbox runtime made from the runtime's parts.
+    Factory(SandboxFactory),
+}
 
 /// Builds a [`Runtime`]. Everything is optional: by default the configuration comes from the environment
 /// (`AGENTHOLD_*`), storage is redb under the data directory, policies and secrets are the default tables,
@@ -33,7 +43,7 @@ pub struct RuntimeBuilder {
     config: Option<Config>,
     data_dir: Option<PathBuf>,
     docker: Option<bollard::Docker>,
-    sandbox: Option<Arc<dyn Sandbox>>,
+    sandbox: SandboxSource,
     policy: Option<Arc<dyn EgressPolicy>>,
     injector: Option<Arc<dyn SecretInjector>>,
     store: Option<Arc<dyn Store>>,
@@ -66,28 +76,44 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Talk to this engine instead of the local default.
+    /// Talk to this engine instead of the local default (Docker runtime only).
     #[must_use]
     pub fn docker(mut self, docker: bollard::Docker) -> Self {
         self.docker = Some(docker);
         self
     }
 
-    /// Use a custom sandbox runtime (it is then responsible for wiring its sandboxes to the gateway).
+    /// Use a custom sandbox runtime made beforehand (it is then responsible for wiring its sandboxes to a
+    /// gateway; to wire them to this runtime's, use [`RuntimeBuilder::sandbox_factory`]).
     #[must_use]
     pub fn sandbox(mut self, sandbox: Arc<dyn Sandbox>) -> Self {
-        self.sandbox = Some(sandbox);
+        self.sandbox = SandboxSource::Given(sandbox);
         self
     }
 
-    /// Use a custom policy ([`Runtime::set_policy`] is then unavailable: the policy is yours).
+    /// Use a custom sandbox runtime made from this runtime's parts: `factory` is called once, while the
+    /// runtime is built, with its gateway, CA, store, tunnel server and shutdown token (see
+    /// [`SandboxContext`]), before any sandbox is reconciled or created.
+    #[must_use]
+    pub fn sandbox_factory(
+        mut self,
+        factory: impl FnOnce(&SandboxContext) -> Arc<dyn Sandbox> + Send + 'static,
+    ) -> Self {
+        self.sandbox = SandboxSource::Factory(Box::new(factory));
+        self
+    }
+
+    /// Use a custom policy. Unless it reports a per-agent table ([`EgressPolicy::table`]), specs' policies
+    /// are not applied, [`Runtime::set_policy`] is unavailable and there is no warm pool: the policy is
+    /// yours.
     #[must_use]
     pub fn policy(mut self, policy: Arc<dyn EgressPolicy>) -> Self {
         self.policy = Some(policy);
         self
     }
 
-    /// Use a custom secret injector (secrets in specs are then ignored: the injector is yours).
+    /// Use a custom secret injector. Unless it reports a per-agent table ([`SecretInjector::table`]),
+    /// secrets in specs are kept sealed in the runtime's records but not injected: the injector is yours.
     #[must_use]
     pub fn injector(mut self, injector: Arc<dyn SecretInjector>) -> Self {
         self.injector = Some(injector);
@@ -109,6 +135,7 @@ impl RuntimeBuilder {
     }
 
     /// Keep this many plain sandboxes ready (default `sandbox.warm_pool`; see `docs/configuration.md`).
+    /// Works with any sandbox runtime; needs a policy with a per-agent table (the default one).
     #[must_use]
     pub fn warm_pool(mut self, size: usize) -> Self {
         self.warm_pool = Some(size);
@@ -130,7 +157,8 @@ impl RuntimeBuilder {
     }
 
     /// Build the runtime and take over sandboxes a previous runtime on the same data directory left
-    /// running (reconcile). Must be called inside a tokio runtime.
+    /// (reconcile). Must be called inside a tokio runtime. Nothing here needs privileges: the gateway binds
+    /// nothing until a sandbox runtime attaches an agent, so a custom sandbox runtime runs as any user.
     ///
     /// # Errors
     /// Configuration, master key, CA, store or engine problems, each saying what to fix.
@@ -153,27 +181,22 @@ impl RuntimeBuilder {
             &config.master_key_file()?,
         )?));
         let ca = Arc::new(CertificateAuthority::load_or_create(&data_dir.join("egress"))?);
-        let policies = self.policy.is_none().then(|| Arc::new(PolicyTable::new()));
-        let policy: Arc<dyn EgressPolicy> = match (&self.policy, &policies) {
-            (Some(p), _) => Arc::clone(p),
-            (None, Some(table)) => Arc::clone(table) as Arc<dyn EgressPolicy>,
-            (None, None) => Arc::new(PolicyTable::new()),
+        // The defaults are the tables, behind the same trait objects as custom parts: the runtime asks each
+        // for its table (`table()`) rather than remembering which kind it was given.
+        let policy: Arc<dyn EgressPolicy> = match self.policy {
+            Some(p) => p,
+            None => Arc::new(PolicyTable::new()),
         };
-        let secrets = match self.injector {
-            Some(_) => None,
-            None => Some(Arc::new(
+        let injector: Arc<dyn SecretInjector> = match self.injector {
+            Some(i) => i,
+            None => Arc::new(
                 SecretTable::new(config.egress.leak_guard).with_on_update(persist_refreshed(&store, &vault)),
-            )),
-        };
-        let injector: Arc<dyn SecretInjector> = match (self.injector, &secrets) {
-            (Some(i), _) => i,
-            (None, Some(table)) => Arc::clone(table) as Arc<dyn SecretInjector>,
-            (None, None) => Arc::new(SecretTable::default()),
+            ),
         };
         let mut gateway = Gateway::builder()
             .config(&config.egress)?
-            .policy(policy)
-            .injector(injector)
+            .policy(Arc::clone(&policy))
+            .injector(Arc::clone(&injector))
             .certificate_authority(Arc::clone(&ca))
             .dangerous(self.dangerous);
         if let Some(addr) = self.dns_upstream {
@@ -181,101 +204,46 @@ impl RuntimeBuilder {
         }
         let gateway = Arc::new(gateway.build()?);
         let tunnel = TunnelServer::with_limits(self.tunnel_limits.unwrap_or_default());
-        let (sandbox, docker): (Arc<dyn Sandbox>, Option<Arc<DockerSandbox>>) = match self.sandbox {
-            Some(s) => (s, None),
-            None => {
-                let instance = crate::engine::instance_label(&data_dir);
-                let engine = match self.docker {
-                    Some(d) => Engine::from_docker(d, &instance).await?,
-                    None => Engine::connect(&instance).await?,
-                };
-                let docker_config = docker_config(&config, &engine, &data_dir, ca.cert_pem()).await?;
-                let docker = Arc::new(DockerSandbox::new(
-                    engine,
-                    Arc::clone(&gateway),
-                    Arc::clone(&tunnel),
-                    Arc::clone(&store),
-                    docker_config,
-                ));
-                (Arc::clone(&docker) as Arc<dyn Sandbox>, Some(docker))
-            }
-        };
         let cancel = CancellationToken::new();
-        let warm = self.warm_pool.unwrap_or(config.sandbox.warm_pool);
-        // The pool needs the default policies (its sandboxes refuse everything until handed out) and the
-        // Docker runtime (its agents are plain Docker sandboxes).
-        let pool = match (&policies, &docker) {
-            (Some(p), Some(_)) if warm > 0 => Some(super::pool::Pool::new(
-                warm,
-                config.sandbox.image.clone(),
-                Arc::clone(&sandbox),
-                Arc::clone(p),
-                Arc::clone(&store),
-                cancel.child_token(),
-            )),
-            _ => None,
+        let context = SandboxContext {
+            config: config.clone(),
+            data_dir,
+            store: Arc::clone(&store),
+            gateway: Arc::clone(&gateway),
+            ca: Arc::clone(&ca),
+            tunnel: Arc::clone(&tunnel),
+            shutdown: cancel.clone(),
         };
+        let sandbox: Arc<dyn Sandbox> = match self.sandbox {
+            SandboxSource::Docker => DockerSandbox::from_context(&context, self.docker).await?,
+            SandboxSource::Given(s) => s,
+            SandboxSource::Factory(make) => make(&context),
+        };
+        let pool = Pool::new(
+            self.warm_pool.unwrap_or(config.sandbox.warm_pool),
+            config.sandbox.image.clone(),
+            Arc::clone(&sandbox),
+            Arc::clone(&policy),
+            Arc::clone(&store),
+            cancel.child_token(),
+        );
         let runtime = Runtime {
             config,
             store,
             vault,
-            policies,
-            secrets,
+            policy,
+            injector,
             gateway,
             ca,
             sandbox,
-            docker,
             tunnel,
             pool,
             cancel,
         };
         runtime.restore().await?;
-        if let Some(pool) = &runtime.pool {
-            pool.refill();
-        }
+        runtime.pool.refill();
         Ok(runtime)
     }
-}
-
-/// Docker settings from the configuration; writes the embedded sandboxd to the data directory and makes
-/// sure its image exists.
-async fn docker_config(
-    config: &Config,
-    engine: &Engine,
-    data_dir: &std::path::Path,
-    ca_pem: &str,
-) -> Result<DockerConfig> {
-    let hash = hex::encode(Sha256::digest(SANDBOXD));
-    let bin_dir = data_dir.join("bin");
-    std::fs::create_dir_all(&bin_dir).map_err(|e| Error::io(format!("create {}", bin_dir.display()), e))?;
-    let sandboxd_path = bin_dir.join(format!("sandboxd-{}", &hash[..12]));
-    if std::fs::read(&sandboxd_path).map_or(true, |b| b != SANDBOXD) {
-        use std::os::unix::fs::PermissionsExt;
-        let tmp = sandboxd_path.with_extension("tmp");
-        std::fs::write(&tmp, SANDBOXD).map_err(|e| Error::io(format!("write {}", tmp.display()), e))?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-            .map_err(|e| Error::io(format!("chmod {}", tmp.display()), e))?;
-        std::fs::rename(&tmp, &sandboxd_path)
-            .map_err(|e| Error::io(format!("rename {}", tmp.display()), e))?;
-    }
-    let image = image::ensure_sandboxd_image(&engine.docker, SANDBOXD).await?;
-    Ok(DockerConfig {
-        ports: Ports {
-            proxy: config.egress.proxy_port,
-            explicit: config.egress.explicit_port,
-            dns: config.egress.dns_port,
-            tunnel: Some(config.egress.tunnel_port),
-        },
-        subnet_pool: config.sandbox.subnet_pool,
-        default_runtime: config.sandbox.runtime.as_str().to_owned(),
-        cpus: config.sandbox.cpus,
-        memory_bytes: config.sandbox.memory_bytes,
-        pids: config.sandbox.pids,
-        sandboxd_path,
-        state_dir: data_dir.join("run"),
-        sandboxd_image: image.name,
-        ca_pem: ca_pem.to_owned(),
-    })
 }
 
 /// Persist a token refresh's new values in the vault-sealed records (E15), sealed with the rules of the
@@ -328,7 +296,8 @@ fn persist_refreshed(store: &Arc<dyn Store>, vault: &Arc<Vault>) -> agenthold_co
 }
 
 impl Runtime {
-    /// Rebuild policies and secrets from the store, then restore the sandboxes' datapath (S12).
+    /// Rebuild policies and secrets from the store, then let the sandbox runtime take over what a previous
+    /// runtime left (S12) and remove the warm-pool sandboxes it never handed out.
     ///
     /// On a store that was never migrated, secrets sealed before rules were bound are sealed again with
     /// their rules first, each record stored again, and the store marked migrated once every record was
@@ -336,8 +305,10 @@ impl Runtime {
     /// fails to open (S15). A secret that does not open fails the start, naming it.
     async fn restore(&self) -> Result<()> {
         let migrating = !agenthold_core::vault::legacy_migrated(self.store.as_ref()).await?;
+        let mut known = Vec::new();
         let mut leftover_pool = Vec::new();
         for (agent, mut record) in records::RECORDS.list(self.store.as_ref()).await? {
+            known.push(agent.clone());
             if record.pooled {
                 leftover_pool.push(agent);
                 continue;
@@ -348,34 +319,29 @@ impl Runtime {
                     .await?;
                 tracing::info!(agent = %agent, "secrets sealed again with their rules bound (one-way vault migration)");
             }
-            if let Some(p) = &self.policies {
-                p.set(agent.clone(), record.spec.policy.clone());
+            if let Some(table) = self.policy.table() {
+                table.set(agent.clone(), record.spec.policy.clone());
             }
-            if let Some(s) = &self.secrets {
-                s.set_with_placeholders(&agent, record.open_secrets(&self.vault, &agent)?);
+            if let Some(table) = self.injector.table() {
+                table.set_with_placeholders(&agent, record.open_secrets(&self.vault, &agent)?);
             }
         }
         if migrating {
             agenthold_core::vault::mark_legacy_migrated(self.store.as_ref()).await?;
         }
-        if let Some(docker) = &self.docker {
-            let report = docker.reconcile().await?;
-            if !report.restored.is_empty() {
-                tracing::info!(agents = report.restored.len(), "reconciled running sandboxes");
-            }
-            docker.watch(self.cancel.clone());
+        let report = self.sandbox.reconcile(&known).await?;
+        if !report.restored.is_empty() {
+            tracing::info!(agents = report.restored.len(), "reconciled sandboxes");
+        }
+        if !report.missing.is_empty() {
+            tracing::warn!(
+                agents = ?report.missing,
+                "sandboxes with a record but none in the sandbox runtime; remove them to forget them"
+            );
         }
         // Pooled sandboxes of a previous run were never handed out: remove them (the pool refills).
         for agent in leftover_pool {
-            if let Some(p) = &self.policies {
-                p.set(
-                    agent.clone(),
-                    agenthold_core::NetworkPolicy::allowlist(Vec::new()),
-                );
-                super::pool::remove_pooled(self.sandbox.as_ref(), p, self.store.as_ref(), &agent).await;
-            } else if let Err(e) = self.sandbox.remove(&agent, false).await {
-                tracing::warn!(agent = %agent, error = %e, "cannot remove a pooled sandbox of a previous run");
-            }
+            self.pool.remove_leftover(&agent).await;
         }
         Ok(())
     }

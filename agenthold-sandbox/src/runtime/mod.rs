@@ -16,43 +16,49 @@
 //! ```
 
 mod builder;
+mod context;
 mod pool;
 mod records;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use agenthold_core::policy::{NetworkPolicy, PolicyTable};
-use agenthold_core::sandbox::{ExecOutput, ExecRequest, SandboxInfo, SandboxSpec};
-use agenthold_core::secret::SecretTable;
+use agenthold_core::policy::{EgressPolicy, NetworkPolicy};
+use agenthold_core::sandbox::{
+    ContainerSpec, ExecOutput, ExecRequest, ExecStream, GatewaySpec, SandboxInfo, SandboxSpec,
+};
+use agenthold_core::secret::{SecretInjector, SecretTable};
 use agenthold_core::{AgentId, Config, Sandbox, Store, Vault};
 use agenthold_egress::log::LogEntry;
 use agenthold_egress::{CertificateAuthority, Gateway};
 use tokio_util::sync::CancellationToken;
 
 pub use builder::RuntimeBuilder;
+pub use context::SandboxContext;
 
-use crate::docker::{DockerSandbox, ExecHandle};
 use crate::error::{Error, Result};
 use crate::tunnel::{TunnelCounters, TunnelServer, TunnelStatus};
 use records::AgentRecord;
 
 /// The embeddable agenthold runtime. Create it with [`Runtime::builder`]; every method takes `&self`.
+///
+/// Its parts are trait objects whatever they are (the defaults or a platform's own): the sandbox runtime,
+/// the policy and the injector. Where the runtime manages per-agent state it asks the part for it (the
+/// policy's and the injector's `table()`), never which kind of part it was given.
 pub struct Runtime {
     config: Config,
     store: Arc<dyn Store>,
     vault: Arc<Vault>,
-    /// The default policy table, when no custom [`EgressPolicy`] was given.
-    policies: Option<Arc<PolicyTable>>,
-    /// The default secret table, when no custom [`SecretInjector`] was given.
-    secrets: Option<Arc<SecretTable>>,
+    policy: Arc<dyn EgressPolicy>,
+    injector: Arc<dyn SecretInjector>,
     gateway: Arc<Gateway>,
     ca: Arc<CertificateAuthority>,
     sandbox: Arc<dyn Sandbox>,
-    docker: Option<Arc<DockerSandbox>>,
     tunnel: Arc<TunnelServer>,
-    /// The warm pool (`sandbox.warm_pool` > 0, default policies, Docker runtime).
-    pool: Option<Arc<pool::Pool>>,
+    /// The warm pool (`sandbox.warm_pool`; empty when 0).
+    pool: Arc<pool::Pool>,
     cancel: CancellationToken,
 }
 
@@ -89,83 +95,94 @@ impl Runtime {
         &self.gateway
     }
 
-    /// Create and start a sandbox with a new random agent id.
+    /// Create and start a sandbox with a new random agent id (a warm-pool one when the spec is plain and
+    /// one is ready).
     ///
     /// # Errors
-    /// When the spec is invalid (unknown image, bad secrets), or the engine fails; nothing is left behind.
+    /// When the spec is invalid (see [`SandboxSpec::split`]; also an environment variable the datapath sets
+    /// itself), or the sandbox runtime fails; nothing is left behind.
     pub async fn create_sandbox(&self, spec: SandboxSpec) -> Result<AgentId> {
-        if let Some(agent) = self.take_pooled(&spec).await? {
+        let (container, gateway) = admit(spec)?;
+        if let Some(agent) = self.take_pooled(&container, &gateway).await? {
             return Ok(agent);
         }
         let agent = AgentId::random();
-        self.create_sandbox_with_id(&agent, spec).await?;
+        self.create_admitted(&agent, container, gateway).await?;
         Ok(agent)
-    }
-
-    /// Hand out a warm-pool sandbox for `spec`, if it fits one and one is ready: its policy becomes the
-    /// spec's and its record the caller's.
-    async fn take_pooled(&self, spec: &SandboxSpec) -> Result<Option<AgentId>> {
-        let (Some(pool), Some(policies)) = (&self.pool, &self.policies) else {
-            return Ok(None);
-        };
-        validate(spec)?;
-        if !pool.fits(spec) {
-            return Ok(None);
-        }
-        let Some(agent) = pool.take() else {
-            pool.refill();
-            return Ok(None);
-        };
-        pool.refill();
-        let record = records::AgentRecord {
-            spec: spec.clone(),
-            secrets: Vec::new(),
-            pooled: false,
-        };
-        records::RECORDS
-            .save(self.store.as_ref(), &agent, &record)
-            .await?;
-        policies.set(agent.clone(), spec.policy.clone());
-        Ok(Some(agent))
     }
 
     /// Create and start a sandbox for `agent`.
     ///
     /// # Errors
     /// As [`Runtime::create_sandbox`]; also when `agent` already exists.
-    pub async fn create_sandbox_with_id(
+    pub async fn create_sandbox_with_id(&self, agent: &AgentId, spec: SandboxSpec) -> Result<SandboxInfo> {
+        let (container, gateway) = admit(spec)?;
+        self.create_admitted(agent, container, gateway).await
+    }
+
+    /// Hand out a warm-pool sandbox for a spec, if it fits one and one is ready: its policy becomes the
+    /// spec's and its record the caller's.
+    async fn take_pooled(&self, container: &ContainerSpec, gateway: &GatewaySpec) -> Result<Option<AgentId>> {
+        if !self.pool.fits(container, gateway) {
+            return Ok(None);
+        }
+        let taken = self.pool.take();
+        self.pool.refill();
+        let Some(agent) = taken else {
+            return Ok(None);
+        };
+        let record = AgentRecord {
+            spec: SandboxSpec::join(container.clone(), gateway.clone()),
+            secrets: Vec::new(),
+            pooled: false,
+        };
+        records::RECORDS
+            .save(self.store.as_ref(), &agent, &record)
+            .await?;
+        if let Some(table) = self.policy.table() {
+            table.set(agent.clone(), gateway.policy.clone());
+        }
+        Ok(Some(agent))
+    }
+
+    /// Create `agent` from a checked spec: secrets and policy to the gateway's tables, the record to the
+    /// store, the container half to the sandbox runtime. On any failure everything is undone.
+    async fn create_admitted(
         &self,
         agent: &AgentId,
-        mut spec: SandboxSpec,
+        mut container: ContainerSpec,
+        mut gateway: GatewaySpec,
     ) -> Result<SandboxInfo> {
-        validate(&spec)?;
         if records::RECORDS.load(self.store.as_ref(), agent).await?.is_some() {
             return Err(Error::BadInput {
                 problem: format!("sandbox {agent} already exists"),
             });
         }
-        if let Some(policies) = &self.policies {
-            policies.set(agent.clone(), spec.policy.clone());
-        }
-        let secrets = std::mem::take(&mut spec.secrets);
-        let placeholders = match &self.secrets {
+        let secrets = std::mem::take(&mut gateway.secrets);
+        let placeholders = match self.injector.table() {
             Some(table) => table.set(agent, secrets.clone()),
             None => Vec::new(),
         };
-        for p in &placeholders {
-            if let Some(env) = &p.env {
-                spec.env.insert(env.clone(), p.placeholder.clone());
-            }
+        if let Some(table) = self.policy.table() {
+            table.set(agent.clone(), gateway.policy.clone());
         }
-        let record = AgentRecord::new(&spec, &secrets, &placeholders, &self.vault, agent)?;
-        records::RECORDS.save(self.store.as_ref(), agent, &record).await?;
-        match self.sandbox.create(agent, &spec).await {
-            Ok(info) => Ok(info),
-            Err(e) => {
-                self.forget(agent).await;
-                Err(e.into())
+        // From here on a failure undoes the tables' entries too.
+        let created = async {
+            for p in &placeholders {
+                if let Some(env) = &p.env {
+                    container.set_env(env, &p.placeholder)?;
+                }
             }
+            let spec = SandboxSpec::join(container.clone(), gateway);
+            let record = AgentRecord::new(&spec, &secrets, &placeholders, &self.vault, agent)?;
+            records::RECORDS.save(self.store.as_ref(), agent, &record).await?;
+            Ok(self.sandbox.create(agent, &container).await?)
         }
+        .await;
+        if created.is_err() {
+            self.forget(agent).await;
+        }
+        created
     }
 
     /// Run a command to completion.
@@ -188,20 +205,20 @@ impl Runtime {
         Ok(self.sandbox.exec(agent, request).await?)
     }
 
-    /// Start a command and stream its output (Docker runtime only).
+    /// Start a command and stream its output (see [`Sandbox::exec_stream`]).
     ///
     /// # Errors
-    /// As [`Runtime::exec`], and [`Error::Unavailable`] with a custom `Sandbox`.
-    pub async fn exec_stream(&self, agent: &AgentId, request: ExecRequest) -> Result<ExecHandle> {
-        self.docker()?.exec_stream(agent, request).await
+    /// As [`Runtime::exec`].
+    pub async fn exec_stream(&self, agent: &AgentId, request: ExecRequest) -> Result<ExecStream> {
+        Ok(self.sandbox.exec_stream(agent, request).await?)
     }
 
-    /// Kill a running command started with [`Runtime::exec_stream`] (Docker runtime only).
+    /// Kill a running command started with [`Runtime::exec_stream`], by its [`ExecStream::id`].
     ///
     /// # Errors
-    /// When the engine fails.
+    /// When the sandbox runtime fails.
     pub async fn cancel_exec(&self, agent: &AgentId, exec_id: &str) -> Result<()> {
-        self.docker()?.cancel(agent, exec_id).await
+        Ok(self.sandbox.cancel_exec(agent, exec_id).await?)
     }
 
     /// Read a file from a sandbox.
@@ -223,9 +240,9 @@ impl Runtime {
     /// Replace an agent's network policy; new connections and DNS queries use it at once (E8).
     ///
     /// # Errors
-    /// When the agent does not exist, or the runtime was built with a custom policy.
+    /// When the agent does not exist, or the runtime's policy has no per-agent table (a custom policy).
     pub async fn set_policy(&self, agent: &AgentId, policy: NetworkPolicy) -> Result<()> {
-        let policies = self.policies.as_ref().ok_or_else(|| Error::Unavailable {
+        let table = self.policy.table().ok_or_else(|| Error::Unavailable {
             problem: "policies are managed by the custom EgressPolicy this runtime was built with".into(),
         })?;
         let mut record = records::RECORDS
@@ -236,7 +253,7 @@ impl Runtime {
             })?;
         record.spec.policy = policy.clone();
         records::RECORDS.save(self.store.as_ref(), agent, &record).await?;
-        policies.set(agent.clone(), policy);
+        table.set(agent.clone(), policy);
         Ok(())
     }
 
@@ -323,11 +340,11 @@ impl Runtime {
 
     /// Drop everything the runtime holds for `agent` (policy, secrets, log, record).
     async fn forget(&self, agent: &AgentId) {
-        if let Some(p) = &self.policies {
-            p.remove(agent);
+        if let Some(table) = self.policy.table() {
+            table.remove(agent);
         }
-        if let Some(s) = &self.secrets {
-            s.remove(agent);
+        if let Some(table) = self.injector.table() {
+            table.remove(agent);
         }
         self.gateway.log().forget(agent);
         if let Err(e) = records::RECORDS.delete(self.store.as_ref(), agent).await {
@@ -339,69 +356,40 @@ impl Runtime {
     /// again on the same data directory takes them over (reconcile).
     pub async fn shutdown(&self) {
         self.cancel.cancel();
-        if let Some(pool) = &self.pool {
-            pool.drain().await;
-        }
+        self.pool.drain().await;
         self.gateway.shutdown(Duration::from_secs(2)).await;
-    }
-
-    fn docker(&self) -> Result<&Arc<DockerSandbox>> {
-        self.docker.as_ref().ok_or_else(|| Error::Unavailable {
-            problem: "streaming exec needs the Docker sandbox runtime".into(),
-        })
     }
 
     /// Warm-pool sandboxes ready to hand out right now (0 without a pool).
     #[must_use]
     pub fn warm_pool_ready(&self) -> usize {
-        self.pool.as_ref().map_or(0, |p| p.len())
+        self.pool.len()
     }
 
-    /// The default secret table (absent with a custom injector).
+    /// The secret table the runtime sets specs' secrets in (the default injector's; `None` with a custom
+    /// injector that has none).
     #[must_use]
-    pub fn secrets(&self) -> Option<&Arc<SecretTable>> {
-        self.secrets.as_ref()
+    pub fn secrets(&self) -> Option<&SecretTable> {
+        self.injector.table()
     }
 }
 
-/// Check what a spec brings in from the caller: no reserved or malformed label (S15), secrets as
-/// [`agenthold_core::secret::SecretSpec::new`] would, no two secrets with one name or one environment
-/// variable, and no environment variable the datapath sets itself (proxies, CA bundle, tunnel).
-fn validate(spec: &SandboxSpec) -> Result<()> {
-    spec.validate_labels()?;
-    let mut names = std::collections::HashSet::new();
-    let mut vars = std::collections::HashSet::new();
-    for secret in &spec.secrets {
-        secret.validate()?;
-        if !names.insert(secret.name.as_str()) {
-            return Err(Error::BadInput {
-                problem: format!("two secrets are named {:?}", secret.name),
-            });
-        }
-        if let Some(env) = &secret.env
-            && !vars.insert(env.as_str())
-        {
-            return Err(Error::BadInput {
-                problem: format!("two secrets set the environment variable {env}"),
-            });
-        }
-    }
-    let taken = spec.env.keys().map(String::as_str).chain(vars.iter().copied());
-    for var in taken {
-        if crate::docker::DATAPATH_ENV.contains(&var) {
-            return Err(Error::BadInput {
-                problem: format!(
-                    "{var} is set by agenthold's datapath in every sandbox; choose another name"
-                ),
-            });
-        }
-    }
-    if let Some(var) = spec.env.keys().find(|k| vars.contains(k.as_str())) {
+/// Where a spec enters: checked once ([`SandboxSpec::split`], plus the environment variables agenthold's
+/// datapath sets itself in every sandbox, which a spec may not set) and split into its halves.
+fn admit(spec: SandboxSpec) -> Result<(ContainerSpec, GatewaySpec)> {
+    let secret_vars = spec.secrets.iter().filter_map(|s| s.env.as_deref());
+    if let Some(var) = spec
+        .env
+        .keys()
+        .map(String::as_str)
+        .chain(secret_vars)
+        .find(|var| crate::docker::DATAPATH_ENV.contains(var))
+    {
         return Err(Error::BadInput {
-            problem: format!("{var} is set both in env and by a secret"),
+            problem: format!("{var} is set by agenthold's datapath in every sandbox; choose another name"),
         });
     }
-    Ok(())
+    Ok(spec.split()?)
 }
 
 impl Drop for Runtime {

@@ -6,51 +6,74 @@
 //! everything until it is handed out, when the caller's policy replaces it. Only plain specs take one:
 //! environment variables and placeholders are fixed when a container is created. Pooled agents are not
 //! listed, are removed on shutdown, and a restarted runtime removes the ones a previous run left.
+//!
+//! The pool works with any [`Sandbox`] (it only creates and removes). It needs per-agent policies the
+//! runtime can set ([`EgressPolicy::table`], the default policy's): with a policy that has none, a pooled
+//! sandbox could not be held at "refuse everything", so the pool stays empty (and says so once).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use agenthold_core::policy::{NetworkPolicy, PolicyTable};
-use agenthold_core::sandbox::SandboxSpec;
+use agenthold_core::policy::{EgressPolicy, NetworkPolicy};
+use agenthold_core::sandbox::{ContainerSpec, GatewaySpec, SandboxSpec};
 use agenthold_core::{AgentId, Sandbox, Store};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::records::{AgentRecord, RECORDS};
 
-/// What the pool needs from the runtime.
+/// The warm pool of a runtime (empty when its size is 0).
 pub(crate) struct Pool {
     size: usize,
     image: String,
+    /// The container half of the plain spec (`None` when the image does not make a valid spec).
+    plain: Option<ContainerSpec>,
     ready: Mutex<VecDeque<AgentId>>,
     /// Creations in flight.
     filling: AtomicUsize,
     /// Signalled whenever a creation ends.
     settled: Notify,
     sandbox: Arc<dyn Sandbox>,
-    policies: Arc<PolicyTable>,
+    policy: Arc<dyn EgressPolicy>,
     store: Arc<dyn Store>,
     cancel: CancellationToken,
 }
 
 impl Pool {
+    /// A pool of `size` sandboxes of `image` (none when the policy has no per-agent table).
     pub(crate) fn new(
         size: usize,
         image: String,
         sandbox: Arc<dyn Sandbox>,
-        policies: Arc<PolicyTable>,
+        policy: Arc<dyn EgressPolicy>,
         store: Arc<dyn Store>,
         cancel: CancellationToken,
     ) -> Arc<Self> {
+        let size = if size > 0 && policy.table().is_none() {
+            tracing::warn!(
+                "warm pool disabled: the custom policy has no per-agent table, so a pooled sandbox could not \
+                 be held at refusing everything until it is handed out"
+            );
+            0
+        } else {
+            size
+        };
+        let plain = plain_spec(image.clone()).split().map(|(container, _)| container);
+        if let Err(e) = &plain
+            && size > 0
+        {
+            tracing::warn!(error = %e, "warm pool disabled: the configured image is not a valid spec");
+        }
         Arc::new(Self {
             size,
             image,
+            plain: plain.ok(),
             ready: Mutex::new(VecDeque::new()),
             filling: AtomicUsize::new(0),
             settled: Notify::new(),
             sandbox,
-            policies,
+            policy,
             store,
             cancel,
         })
@@ -60,25 +83,11 @@ impl Pool {
         self.ready.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The spec pooled sandboxes are made from.
-    fn spec(&self) -> SandboxSpec {
-        SandboxSpec {
-            image: self.image.clone(),
-            policy: deny_all(),
-            ..SandboxSpec::default()
-        }
-    }
-
-    /// Whether a sandbox made from the plain spec can stand in for one made from `spec`.
-    pub(crate) fn fits(&self, spec: &SandboxSpec) -> bool {
-        spec.image == self.image
-            && spec.env.is_empty()
-            && spec.secrets.is_empty()
-            && spec.labels.is_empty()
-            && spec.cpus.is_none()
-            && spec.memory_bytes.is_none()
-            && spec.pids.is_none()
-            && spec.runtime.is_none()
+    /// Whether a sandbox made from the plain spec can stand in for one made from `container` and
+    /// `gateway` (the policy is set at hand-out; environment, placeholders, labels and limits are fixed when
+    /// a container is made).
+    pub(crate) fn fits(&self, container: &ContainerSpec, gateway: &GatewaySpec) -> bool {
+        self.size > 0 && gateway.secrets.is_empty() && self.plain.as_ref() == Some(container)
     }
 
     /// A ready sandbox, if there is one.
@@ -95,7 +104,8 @@ impl Pool {
     pub(crate) fn refill(self: &Arc<Self>) {
         loop {
             let filling = self.filling.load(Ordering::SeqCst);
-            if self.cancel.is_cancelled() || self.ready().len() + filling >= self.size {
+            if self.cancel.is_cancelled() || self.plain.is_none() || self.ready().len() + filling >= self.size
+            {
                 return;
             }
             if self
@@ -119,24 +129,25 @@ impl Pool {
     }
 
     async fn make_one(&self) -> Option<AgentId> {
+        let container = self.plain.clone()?;
+        let table = self.policy.table()?;
         let agent = AgentId::random();
-        let spec = self.spec();
-        self.policies.set(agent.clone(), deny_all());
+        table.set(agent.clone(), deny_all());
         let record = AgentRecord {
-            spec: spec.clone(),
+            spec: plain_spec(self.image.clone()),
             secrets: Vec::new(),
             pooled: true,
         };
         if let Err(e) = RECORDS.save(self.store.as_ref(), &agent, &record).await {
             tracing::warn!(error = %e, "warm pool: cannot record a sandbox");
-            self.policies.remove(&agent);
+            table.remove(&agent);
             return None;
         }
-        match self.sandbox.create(&agent, &spec).await {
+        match self.sandbox.create(&agent, &container).await {
             Ok(_) => Some(agent),
             Err(e) => {
                 tracing::warn!(error = %e, "warm pool: cannot create a sandbox");
-                self.policies.remove(&agent);
+                table.remove(&agent);
                 let _ = RECORDS.delete(self.store.as_ref(), &agent).await;
                 None
             }
@@ -160,8 +171,28 @@ impl Pool {
         }
         let agents: Vec<AgentId> = self.ready().drain(..).collect();
         for agent in agents {
-            remove_pooled(self.sandbox.as_ref(), &self.policies, self.store.as_ref(), &agent).await;
+            self.remove(&agent).await;
         }
+    }
+
+    /// Remove a pooled sandbox a previous runtime on the store left: its policy refuses everything while
+    /// it goes.
+    pub(crate) async fn remove_leftover(&self, agent: &AgentId) {
+        if let Some(table) = self.policy.table() {
+            table.set(agent.clone(), deny_all());
+        }
+        self.remove(agent).await;
+    }
+
+    /// Remove a pooled sandbox and what the runtime keeps for it.
+    async fn remove(&self, agent: &AgentId) {
+        if let Err(e) = self.sandbox.remove(agent, false).await {
+            tracing::warn!(agent = %agent, error = %e, "warm pool: cannot remove a sandbox");
+        }
+        if let Some(table) = self.policy.table() {
+            table.remove(agent);
+        }
+        let _ = RECORDS.delete(self.store.as_ref(), agent).await;
     }
 }
 
@@ -173,16 +204,11 @@ fn deny_all() -> NetworkPolicy {
     NetworkPolicy::allowlist(Vec::new())
 }
 
-/// Remove a pooled sandbox and what the runtime keeps for it.
-pub(crate) async fn remove_pooled(
-    sandbox: &dyn Sandbox,
-    policies: &PolicyTable,
-    store: &dyn Store,
-    agent: &AgentId,
-) {
-    if let Err(e) = sandbox.remove(agent, false).await {
-        tracing::warn!(agent = %agent, error = %e, "warm pool: cannot remove a sandbox");
+/// The spec pooled sandboxes are made from: `image`, nothing else.
+fn plain_spec(image: String) -> SandboxSpec {
+    SandboxSpec {
+        image,
+        policy: deny_all(),
+        ..SandboxSpec::default()
     }
-    policies.remove(agent);
-    let _ = RECORDS.delete(store, agent).await;
 }

@@ -1,53 +1,19 @@
 //! Secrets at rest (E10, S15), attacked by a store writer who has no master key: the runtime's records
 //! are edited between two runs (a rule pointed at another host, sealed values moved between secrets or
 //! agents, an old-format record planted again) and the next runtime on the data directory must refuse to
-//! use the value, naming the secret. No Docker: a do-nothing `Sandbox` stands in for the engine.
+//! use the value, naming the secret. No Docker: a `FakeSandbox` stands in for the engine.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use agenthold_core::sandbox::{ExecOutput, ExecRequest, SandboxInfo, SandboxSpec, SandboxState};
+use agenthold_core::sandbox::SandboxSpec;
 use agenthold_core::secret::{InjectOutcome, RequestHead, SecretInjector, SecretRule, SecretSpec};
 use agenthold_core::store::RedbStore;
-use agenthold_core::{AgentId, Config, Sandbox, Store};
+use agenthold_core::{AgentId, Config, Store};
 use agenthold_sandbox::Runtime;
+use agenthold_sandbox::fake::FakeSandbox;
 use base64::Engine as _;
 use serde_json::Value;
-
-/// A sandbox runtime that creates nothing (shared with `labels`).
-pub struct NoEngine;
-
-#[async_trait::async_trait]
-impl Sandbox for NoEngine {
-    async fn create(&self, agent: &AgentId, spec: &SandboxSpec) -> agenthold_core::Result<SandboxInfo> {
-        Ok(SandboxInfo {
-            agent: agent.clone(),
-            state: SandboxState::Running,
-            image: spec.image.clone(),
-        })
-    }
-    async fn start(&self, _: &AgentId) -> agenthold_core::Result<()> {
-        Ok(())
-    }
-    async fn stop(&self, _: &AgentId) -> agenthold_core::Result<()> {
-        Ok(())
-    }
-    async fn remove(&self, _: &AgentId, _: bool) -> agenthold_core::Result<()> {
-        Ok(())
-    }
-    async fn exec(&self, _: &AgentId, _: ExecRequest) -> agenthold_core::Result<ExecOutput> {
-        Ok(ExecOutput::default())
-    }
-    async fn read_file(&self, _: &AgentId, _: &str) -> agenthold_core::Result<Vec<u8>> {
-        Ok(Vec::new())
-    }
-    async fn write_file(&self, _: &AgentId, _: &str, _: &[u8]) -> agenthold_core::Result<()> {
-        Ok(())
-    }
-    async fn inspect(&self, agent: &AgentId) -> agenthold_core::Result<SandboxInfo> {
-        self.create(agent, &SandboxSpec::default()).await
-    }
-}
 
 /// The record of agent `legacy` as agenthold wrote it before rules were bound into the AAD (version 1,
 /// AAD = the secret id), sealed under [`FIXTURE_KEY`]: secret `api-key` = `sk-legacy` for `allowed.test`.
@@ -64,7 +30,7 @@ async fn runtime(dir: &Path) -> agenthold_sandbox::Result<Runtime> {
     };
     Runtime::builder()
         .config(config)
-        .sandbox(Arc::new(NoEngine))
+        .sandbox(Arc::new(FakeSandbox::new()))
         .dns_upstream("127.0.0.1:53".parse().unwrap())
         .build()
         .await

@@ -145,7 +145,7 @@ pub async fn sweep(instance: &str) {
                 .unwrap_or_default()
                 .get("com.docker.network.bridge.name")
         {
-            let _ = agenthold_sandbox::hostfw::disallow_bridge(bridge);
+            let _ = agenthold_sandbox::docker::hostfw::disallow_bridge(bridge);
         }
         let _ = docker.remove_network(&name).await;
     }
@@ -155,7 +155,7 @@ pub async fn sweep(instance: &str) {
             .await;
     }
     // No bridges: the installation's host table goes.
-    let _ = agenthold_sandbox::hostfw::apply_host_table(instance, &[]);
+    let _ = agenthold_sandbox::docker::hostfw::apply_host_table(instance, &[]);
 }
 
 /// Sweeps an installation when dropped (for the stretch of a test before an `Env` guards it).

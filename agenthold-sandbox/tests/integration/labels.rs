@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use agenthold_core::{AgentId, Config, ErrorKind, SandboxSpec};
 use agenthold_sandbox::Runtime;
+use agenthold_sandbox::fake::FakeSandbox;
 use agenthold_sandbox::tunnel::TunnelStatus;
 
-use crate::at_rest::NoEngine;
 use crate::support::*;
 
 /// Label keys a spec must not set: agenthold's own in every spelling Docker or a reader might confuse
@@ -70,7 +70,7 @@ async fn reserved_labels_are_refused_at_create() {
     };
     let runtime = Runtime::builder()
         .config(config)
-        .sandbox(Arc::new(NoEngine))
+        .sandbox(Arc::new(FakeSandbox::new()))
         .dns_upstream("127.0.0.1:53".parse().unwrap())
         .build()
         .await

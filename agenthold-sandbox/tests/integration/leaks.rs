@@ -8,7 +8,7 @@
 
 use agenthold_core::secret::{SecretRule, SecretSpec};
 use agenthold_core::{AgentId, SandboxSpec};
-use agenthold_sandbox::network::AgentNetwork;
+use agenthold_sandbox::docker::network::AgentNetwork;
 
 use crate::support::*;
 
@@ -61,7 +61,7 @@ async fn footprint(instance: &str, bridges: &[String], veths: &[String]) -> Foot
             "list",
             "table",
             "inet",
-            &agenthold_sandbox::hostfw::host_table(instance),
+            &agenthold_sandbox::docker::hostfw::host_table(instance),
         ],
     );
     let table = String::from_utf8_lossy(&table.stdout).into_owned();
@@ -216,7 +216,7 @@ async fn nothing_is_left_after_remove_or_a_failed_create() {
             "after removing both"
         );
         assert!(
-            !agenthold_sandbox::hostfw::host_table_exists(&env.instance),
+            !agenthold_sandbox::docker::hostfw::host_table_exists(&env.instance),
             "the installation's host table outlived its last agent"
         );
         eprintln!("engine totals after: {}", totals().await);

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
+use agenthold_core::sandbox::ExecChunk;
 use agenthold_core::sandbox::{ExecRequest, SandboxState};
 use agenthold_core::{AgentId, ErrorKind, NetworkPolicy, PolicyMode};
-use agenthold_sandbox::docker::Chunk;
 use agenthold_sandbox::tunnel::TunnelStatus;
 
 use crate::support::*;
@@ -113,16 +113,17 @@ async fn exec_stream_cancel_and_files() {
                 .await
                 .expect("streamed output")
             {
-                Some(Ok(Chunk::Stdout(bytes))) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+                Some(Ok(ExecChunk::Stdout(bytes))) => seen.push_str(&String::from_utf8_lossy(&bytes)),
                 other => panic!("unexpected {other:?}"),
             }
         }
         let started = Instant::now();
-        rt.cancel_exec(&a, &handle.id).await.unwrap();
-        let code = tokio::time::timeout(Duration::from_secs(10), handle.wait())
+        rt.cancel_exec(&a, handle.id()).await.unwrap();
+        let code = tokio::time::timeout(Duration::from_secs(10), handle.collect())
             .await
             .expect("ends")
-            .unwrap();
+            .unwrap()
+            .exit_code;
         assert_eq!(code, 137, "a cancelled command");
         assert!(
             started.elapsed() < Duration::from_secs(3),

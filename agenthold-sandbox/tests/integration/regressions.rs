@@ -25,7 +25,7 @@ async fn the_host_table_covers_the_bridges_of_every_installation() {
         let table = || {
             let mut text = String::new();
             for env in [&one, &two] {
-                let name = agenthold_sandbox::hostfw::host_table(&env.instance);
+                let name = agenthold_sandbox::docker::hostfw::host_table(&env.instance);
                 let out = host("nft", &["list", "table", "inet", &name]);
                 text.push_str(&String::from_utf8_lossy(&out.stdout));
             }

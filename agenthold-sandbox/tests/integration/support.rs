@@ -19,7 +19,7 @@ use agenthold_core::secret::{AlsoIn, SecretRule, SecretSpec};
 use agenthold_core::{AgentId, Config, NetworkPolicy, PolicyMode, SandboxSpec};
 use agenthold_egress::Dangerous;
 use agenthold_sandbox::Runtime;
-use agenthold_sandbox::image::{DevImageOptions, ImageRef, ensure_dev_image};
+use agenthold_sandbox::docker::image::{DevImageOptions, ImageRef, ensure_dev_image};
 use agenthold_testsupport::{EchoServer, TestCa, TestDns};
 use bollard::Docker;
 use futures_util::FutureExt;
@@ -150,7 +150,7 @@ pub fn spec() -> SandboxSpec {
 
 /// The installation label a runtime on `data_dir` puts on its objects.
 pub fn instance_of(data_dir: &Path) -> String {
-    agenthold_sandbox::engine::instance_label(data_dir)
+    agenthold_sandbox::docker::engine::instance_label(data_dir)
 }
 
 /// A runtime on its own data directory, with its upstreams.
@@ -283,7 +283,7 @@ impl Env {
 
 /// Agents with a sandbox container of `instance` on the engine (by label), running or not.
 pub async fn sandboxes_of(instance: &str) -> Vec<AgentId> {
-    use agenthold_sandbox::engine::{LABEL_AGENT, LABEL_INSTANCE, LABEL_ROLE};
+    use agenthold_sandbox::docker::engine::{LABEL_AGENT, LABEL_INSTANCE, LABEL_ROLE};
     let filters = std::collections::HashMap::from([(
         "label".to_owned(),
         vec![

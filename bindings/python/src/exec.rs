@@ -7,15 +7,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use agenthold_core::AgentId;
-use agenthold_core::sandbox::{ExecOutput, ExecRequest};
-use agenthold_sandbox::docker::{Chunk, ExecHandle, MAX_CAPTURE};
+use agenthold_core::sandbox::{ExecChunk, ExecRequest};
 use pyo3::exceptions::PyStopIteration;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::errors::{Class, closed, sandbox_err};
+use crate::errors::{Class, closed, core_err, sandbox_err};
 use crate::runtime::{CANCEL_WAIT, Ctx, cancelled};
 
 /// Chunks a stream may hold before the command's output waits for the reader.
@@ -52,21 +51,6 @@ pub(crate) fn request(
         stdin,
         timeout,
     })
-}
-
-/// Run to completion and collect the output (each stream capped at [`MAX_CAPTURE`]).
-pub(crate) async fn collect(mut handle: ExecHandle) -> agenthold_sandbox::Result<ExecOutput> {
-    let mut out = ExecOutput::default();
-    while let Some(chunk) = handle.next().await {
-        let (buf, data) = match chunk? {
-            Chunk::Stdout(d) => (&mut out.stdout, d),
-            Chunk::Stderr(d) => (&mut out.stderr, d),
-        };
-        let room = MAX_CAPTURE.saturating_sub(buf.len());
-        buf.extend_from_slice(&data[..data.len().min(room)]);
-    }
-    out.exit_code = handle.wait().await?;
-    Ok(out)
 }
 
 /// One item of a stream.
@@ -116,13 +100,14 @@ async fn run(
     window: &Semaphore,
     tx: &std::sync::mpsc::Sender<Item>,
 ) -> PyResult<i64> {
-    let mut handle = rt.exec_stream(agent, request).await.map_err(sandbox_err)?;
-    let id = handle.id.clone();
+    let mut stream = rt.exec_stream(agent, request).await.map_err(sandbox_err)?;
+    let id = stream.id().to_owned();
     let forward = async {
-        while let Some(chunk) = handle.next().await {
-            let item = match chunk.map_err(sandbox_err)? {
-                Chunk::Stdout(d) => Item::Chunk("stdout", d),
-                Chunk::Stderr(d) => Item::Chunk("stderr", d),
+        while let Some(chunk) = stream.next().await {
+            let item = match chunk.map_err(core_err)? {
+                ExecChunk::Stdout(d) => Item::Chunk("stdout", d.into()),
+                ExecChunk::Stderr(d) => Item::Chunk("stderr", d.into()),
+                ExecChunk::Exit(code) => return Ok(code),
             };
             // One permit per chunk in flight; the reader gives it back.
             if let Ok(permit) = window.acquire().await {
@@ -132,7 +117,8 @@ async fn run(
                 return Err(cancelled());
             }
         }
-        handle.wait().await.map_err(sandbox_err)
+        // The output ended without an exit code: unknown, as `ExecOutput` has it.
+        Ok(-1)
     };
     tokio::select! {
         code = forward => code,

@@ -384,31 +384,7 @@ impl NativeRuntime {
         pids: Option<u32>,
         done: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        if cpus.is_some_and(|c| !c.is_finite() || c <= 0.0) {
-            return Err(Class::Sandbox.err("cpus: give a positive number of cores, e.g. 1.5"));
-        }
-        if memory == Some(0) {
-            return Err(Class::Sandbox.err("memory: give a number of bytes, e.g. 512 * 1024 * 1024"));
-        }
-        if pids == Some(0) {
-            return Err(Class::Sandbox.err("pids: give a positive process count, e.g. 256"));
-        }
-        let mut specs: Vec<agenthold_core::secret::SecretSpec> = Vec::with_capacity(secrets.len());
-        for s in secrets {
-            let spec = &s.get().spec;
-            if specs.iter().any(|o| o.name == spec.name) {
-                return Err(Class::Secret.err(format!(
-                    "two secrets are named {:?}: names are unique per sandbox",
-                    spec.name
-                )));
-            }
-            if let Some(env) = &spec.env
-                && specs.iter().any(|o| o.env.as_ref() == Some(env))
-            {
-                return Err(Class::Secret.err(format!("two secrets set the environment variable {env:?}")));
-            }
-            specs.push(spec.clone());
-        }
+        // Checked once, where the spec enters the runtime (`SandboxSpec::split`): limits, labels, secrets.
         let spec = SandboxSpec {
             image,
             env,
@@ -416,7 +392,7 @@ impl NativeRuntime {
             memory_bytes: memory,
             pids,
             policy: policy.map(|p| p.get().inner.clone()).unwrap_or_default(),
-            secrets: specs,
+            secrets: secrets.into_iter().map(|s| s.get().spec.clone()).collect(),
             ..SandboxSpec::default()
         };
         self.submit(py, done, false, move |rt, _| async move {
@@ -444,11 +420,11 @@ impl NativeRuntime {
         let request = exec::request(argv, env, cwd, stdin, timeout)?;
         self.submit(py, done, true, move |rt, token| async move {
             let started = Instant::now();
-            let handle = rt.exec_stream(&agent, request).await.map_err(sandbox_err)?;
-            let id = handle.id.clone();
+            let stream = rt.exec_stream(&agent, request).await.map_err(sandbox_err)?;
+            let id = stream.id().to_owned();
             tokio::select! {
-                out = exec::collect(handle) => {
-                    let output = out.map_err(sandbox_err)?;
+                out = stream.collect() => {
+                    let output = out.map_err(core_err)?;
                     let timed_out = timeout.is_some_and(|t| output.exit_code == 124 && started.elapsed() >= t);
                     Ok(Value::Exec { output, timed_out })
                 }

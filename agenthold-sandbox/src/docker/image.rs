@@ -19,8 +19,8 @@ use futures_util::stream::BoxStream;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 
-use crate::archive::Entry;
-use crate::engine::is_not_found;
+use crate::docker::archive::Entry;
+use crate::docker::engine::is_not_found;
 use crate::{Error, Result};
 
 /// The development image: Debian [`DEV_SUITE`] with [`DEV_PACKAGES`], built by [`ensure_dev_image`].
@@ -234,7 +234,7 @@ pub async fn ensure_sandboxd_image(docker: &Docker, sandboxd: &[u8]) -> Result<I
         return Ok(image);
     }
     let before = inspect(docker, &name).await?;
-    let tar = crate::archive::pack(
+    let tar = crate::docker::archive::pack(
         &[Entry {
             path: "sandboxd",
             mode: 0o755,

@@ -19,9 +19,9 @@ use bollard::query_parameters::{
     CreateContainerOptionsBuilder, InspectContainerOptions, StartContainerOptions,
 };
 
-use crate::engine::{Engine, is_not_connected, is_not_found};
+use crate::docker::engine::{Engine, is_not_connected, is_not_found};
+use crate::docker::network::{AgentNetwork, GATEWAY_JOIN_HOST};
 use crate::error::{Error, Result};
-use crate::network::{AgentNetwork, GATEWAY_JOIN_HOST};
 
 /// The running holder container.
 #[derive(Debug, Clone)]

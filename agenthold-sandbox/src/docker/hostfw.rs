@@ -13,8 +13,8 @@
 use std::io::Write;
 use std::process::{Command, Stdio};
 
+use crate::docker::network::AgentNetwork;
 use crate::error::{Error, Result};
-use crate::network::AgentNetwork;
 
 /// Prefix of the host nftables tables agenthold owns: `agenthold_host_<instance>`.
 pub const HOST_TABLE: &str = "agenthold_host";

@@ -16,7 +16,7 @@ use bollard::query_parameters::ListNetworksOptions;
 use ipnet::Ipv4Net;
 use sha2::{Digest, Sha256};
 
-use crate::engine::{Engine, is_not_found};
+use crate::docker::engine::{Engine, is_not_found};
 use crate::error::{Error, Result};
 
 /// The address the gateway namespace owns on every agent network (the sandboxes' route and DNS server).
