@@ -1,6 +1,7 @@
 //! [`SandboxSpec`], what a caller asks for, checked once where it enters ([`SandboxSpec::split`]) and split
 //! into the [`ContainerSpec`] a `Sandbox` implementation is given and the [`GatewaySpec`] the runtime's
 //! gateway enforces.
+// enforces: S15
 
 use std::collections::BTreeMap;
 

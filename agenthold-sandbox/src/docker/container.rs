@@ -1,6 +1,7 @@
 //! The sandbox container itself (S1, E2, E12, E14): how it is created (hardening, limits, network
 //! settings, the read-only sandboxd mount) and how each start is prepared (a fresh boot token and the CA
 //! written into it before the engine starts it).
+// enforces: E2 S1
 
 use std::collections::BTreeMap;
 

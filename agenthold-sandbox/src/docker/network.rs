@@ -5,6 +5,7 @@
 //! gives every container on it a default route via `.2` by itself, across restarts, without any privileged
 //! step in the sandbox (E2). On Docker 20.10 the bridge gets no host address through
 //! `com.docker.network.bridge.inhibit_ipv4=true`; Docker ≥ 28 has `gateway_mode_ipv4=isolated` for that.
+// enforces: E1
 
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;

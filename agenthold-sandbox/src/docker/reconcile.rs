@@ -5,6 +5,7 @@
 //! is restored (until then its namespace is closed), a sandbox started behind agenthold's back gets a new
 //! boot token, and a stopped one loses its tunnel. An event is acted on only when the container's name is
 //! the one agenthold gives the object its labels describe (S15): labels alone are not trusted.
+// enforces: S12
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -14,6 +14,7 @@
 //! runtime.remove(&agent).await?;
 //! # Ok(()) }
 //! ```
+// enforces: P1
 
 mod builder;
 mod context;

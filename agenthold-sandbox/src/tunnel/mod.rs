@@ -14,6 +14,7 @@
 //! reserve per agent ([`TunnelLimits`]), a hello must arrive within a few seconds, every write has a
 //! deadline, and refusals are counted ([`TunnelCounters`]) and logged as one summary line per interval,
 //! never a line each.
+// enforces: S2
 
 mod budget;
 
