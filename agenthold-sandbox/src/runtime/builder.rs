@@ -4,12 +4,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agenthold_core::policy::{EgressPolicy, PolicyTable};
-use agenthold_core::secret::{SecretInjector, SecretTable, SecretValue};
+use agenthold_core::policy::EgressPolicy;
+use agenthold_core::secret::{SecretInjector, SecretValue};
 use agenthold_core::store::RedbStore;
 use agenthold_core::{AgentId, Config, MasterKey, Sandbox, Store, Vault};
 use agenthold_egress::nft::Ports;
-use agenthold_egress::{CertificateAuthority, Dangerous, Gateway};
+use agenthold_egress::{Dangerous, EgressStack};
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
@@ -152,34 +152,25 @@ impl RuntimeBuilder {
         let vault = Arc::new(Vault::new(MasterKey::load_from_env_or_file(
             &config.master_key_file()?,
         )?));
-        let ca = Arc::new(CertificateAuthority::load_or_create(&data_dir.join("egress"))?);
-        let policies = self.policy.is_none().then(|| Arc::new(PolicyTable::new()));
-        let policy: Arc<dyn EgressPolicy> = match (&self.policy, &policies) {
-            (Some(p), _) => Arc::clone(p),
-            (None, Some(table)) => Arc::clone(table) as Arc<dyn EgressPolicy>,
-            (None, None) => Arc::new(PolicyTable::new()),
-        };
-        let secrets = match self.injector {
-            Some(_) => None,
-            None => Some(Arc::new(
-                SecretTable::new(config.egress.leak_guard).with_on_update(persist_refreshed(&store, &vault)),
-            )),
-        };
-        let injector: Arc<dyn SecretInjector> = match (self.injector, &secrets) {
-            (Some(i), _) => i,
-            (None, Some(table)) => Arc::clone(table) as Arc<dyn SecretInjector>,
-            (None, None) => Arc::new(SecretTable::default()),
-        };
-        let mut gateway = Gateway::builder()
-            .config(&config.egress)?
-            .policy(policy)
-            .injector(injector)
-            .certificate_authority(Arc::clone(&ca))
+        let mut egress = EgressStack::builder(&config.egress, &data_dir)
+            .on_secret_update(persist_refreshed(&store, &vault))
             .dangerous(self.dangerous);
-        if let Some(addr) = self.dns_upstream {
-            gateway = gateway.dns_upstream(addr);
+        if let Some(policy) = self.policy {
+            egress = egress.policy(policy);
         }
-        let gateway = Arc::new(gateway.build()?);
+        if let Some(injector) = self.injector {
+            egress = egress.injector(injector);
+        }
+        if let Some(addr) = self.dns_upstream {
+            egress = egress.dns_upstream(addr);
+        }
+        let EgressStack {
+            gateway,
+            ca,
+            policies,
+            secrets,
+            ..
+        } = egress.build()?;
         let tunnel = TunnelServer::with_limits(self.tunnel_limits.unwrap_or_default());
         let (sandbox, docker): (Arc<dyn Sandbox>, Option<Arc<DockerSandbox>>) = match self.sandbox {
             Some(s) => (s, None),
@@ -260,12 +251,7 @@ async fn docker_config(
     }
     let image = image::ensure_sandboxd_image(&engine.docker, SANDBOXD).await?;
     Ok(DockerConfig {
-        ports: Ports {
-            proxy: config.egress.proxy_port,
-            explicit: config.egress.explicit_port,
-            dns: config.egress.dns_port,
-            tunnel: Some(config.egress.tunnel_port),
-        },
+        ports: Ports::from_config(&config.egress),
         subnet_pool: config.sandbox.subnet_pool,
         default_runtime: config.sandbox.runtime.as_str().to_owned(),
         cpus: config.sandbox.cpus,
