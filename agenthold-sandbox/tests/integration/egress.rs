@@ -284,8 +284,9 @@ async fn secrets_are_placeholders_inside_and_the_ca_is_trusted_once() {
             .sh(
                 &agent,
                 &format!(
-                    "grep -rlsE '{SECRET_REGEX}' /etc /root /tmp /workspace /.agenthold /var /run /opt; \
-                     grep -lsE '{SECRET_REGEX}' /proc/[0-9]*/environ /proc/[0-9]*/cmdline; echo done"
+                    "grep -rlsE '{SECRET_REGEX}' /etc /root /tmp /workspace {} /var /run /opt; \
+                     grep -lsE '{SECRET_REGEX}' /proc/[0-9]*/environ /proc/[0-9]*/cmdline; echo done",
+                    contract::DIR
                 ),
             )
             .await;
