@@ -28,14 +28,16 @@
 //! use agenthold_core::AgentId;
 //! use agenthold_egress::datapath::{self, CaPaths, Datapath};
 //! use agenthold_egress::netns::NetNs;
-//! use agenthold_egress::nft::{AgentAttachment, Ports};
+//! use agenthold_egress::nft::Ports;
 //!
-//! // The gateway namespace, and in it `veth-gw` holding 10.20.0.2/24 (the sandbox side holds 10.20.0.3/24).
-//! let subnet = "10.20.0.0/24".parse().expect("a subnet");
+//! // The gateway namespace, and in it an interface holding 10.20.0.2/24 (the sandbox side holds 10.20.0.3/24,
+//! // its default route via 10.20.0.2).
 //! let dp = Datapath::new(NetNs::named("my-gateway"), Ports::default(), gateway).await?;
 //! let agent = AgentId::new("worker-1")?;
-//! let attached = dp.attach(&agent, AgentAttachment::on_subnet("veth-gw", subnet)).await?;
-//! assert_eq!(attached.gateway_addr(), datapath::gateway_addr(subnet));
+//! let attached = dp.attach_at(&agent, "10.20.0.2/24".parse().expect("an address")).await?;
+//! // Or by interface and subnet, the gateway at the subnet's `.2`:
+//! // dp.attach(&agent, nft::AgentAttachment::on_subnet("veth-gw", "10.20.0.0/24".parse()?)).await?;
+//! assert_eq!(attached.gateway_addr(), datapath::gateway_addr("10.20.0.0/24".parse().expect("a net")));
 //! // What to start the sandboxed process with: the proxy and the CA variables.
 //! let env = attached.env(&CaPaths::new("/etc/my-sandbox/ca.crt", "/etc/my-sandbox/ca-bundle.pem"));
 //! # let _ = env;
@@ -373,6 +375,28 @@ impl Datapath {
                 Err(e)
             }
         }
+    }
+
+    /// [`Datapath::attach`] on the interface of the namespace that holds `gateway`'s address, with the
+    /// agent network `gateway`'s subnet: for a namespace the caller set up, named by the gateway's address
+    /// and prefix alone (`10.20.0.2/24`).
+    ///
+    /// # Errors
+    /// [`Error::Config`] when no interface of the namespace holds the address; as [`Datapath::attach`].
+    pub async fn attach_at(&self, agent: &AgentId, gateway: Ipv4Net) -> Result<Attachment> {
+        let iface = self
+            .inner
+            .ns
+            .iface_with_addr(gateway.addr())?
+            .ok_or_else(|| Error::Config {
+                problem: format!("no interface in {} holds {}", self.inner.ns, gateway.addr()),
+            })?;
+        let link = AgentAttachment {
+            iface,
+            gateway_addr: gateway.addr(),
+            subnet: gateway.trunc(),
+        };
+        self.attach(agent, link).await
     }
 }
 

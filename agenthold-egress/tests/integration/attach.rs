@@ -176,8 +176,14 @@ async fn a_failed_attach_leaves_nothing_behind() {
     bad.iface = "ah*".into();
     let err = datapath.attach(&id, bad).await.unwrap_err();
     assert!(matches!(err, Error::Config { .. }), "{err}");
-    // And the right one works.
-    let attached = datapath.attach(&id, net.agent(0).attachment()).await.unwrap();
+    // Named by an address no interface holds: refused.
+    let nobody = "10.213.0.2/24".parse().unwrap();
+    let err = datapath.attach_at(&id, nobody).await.unwrap_err();
+    assert!(matches!(err, Error::Config { .. }), "{err}");
+    // By its .2 and prefix alone: the interface is found.
+    let at_addr = ipnet::Ipv4Net::new(net.gateway_addr(), 24).unwrap();
+    let attached = datapath.attach_at(&id, at_addr).await.unwrap();
+    assert_eq!(attached.link(), &net.agent(0).attachment());
     let env = attached.env(&CaPaths::new("/ca.crt", "/bundle.pem"));
     assert_eq!(env["HTTPS_PROXY"], format!("http://{}:15002", net.gateway_addr()));
     assert!(RESERVED_ENV.iter().all(|k| env.contains_key(*k)));
