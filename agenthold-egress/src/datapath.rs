@@ -187,6 +187,14 @@ const fn reserved() -> [&'static str; reserved_count()] {
 /// The variables of [`SANDBOX_ENV`] a sandbox's own configuration may not set (all but `NO_PROXY`).
 pub const RESERVED_ENV: [&str; reserved_count()] = reserved();
 
+/// The sandbox's `/etc/resolv.conf`: its only resolver is the gateway's `.2` (DNS to any address is
+/// redirected there anyway; naming it keeps glibc from trying anything else). No search domains, so
+/// `ndots:0`; short timeouts, because an answer that does not come at once will not come later.
+#[must_use]
+pub fn resolv_conf(gateway: Ipv4Addr) -> String {
+    format!("nameserver {gateway}\noptions ndots:0 timeout:2 attempts:2\n")
+}
+
 /// Where a sandbox finds the installation's CA, as paths the sandbox sees.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CaPaths {
@@ -518,6 +526,12 @@ impl Attachment {
         sandbox_env(self.link.gateway_addr, self.inner.ports, ca)
     }
 
+    /// The sandbox's `/etc/resolv.conf` ([`resolv_conf`] for this agent's `.2`).
+    #[must_use]
+    pub fn resolv_conf(&self) -> String {
+        resolv_conf(self.link.gateway_addr)
+    }
+
     /// Whether this attachment was made by `datapath` (or a clone of it).
     #[must_use]
     pub fn belongs_to(&self, datapath: &Datapath) -> bool {
@@ -578,8 +592,15 @@ impl Drop for Attachment {
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    if let Err(e) = inner.apply().await {
-                        tracing::warn!(agent = %agent, error = %e, "rules not rewritten after a detach");
+                    match inner.apply().await {
+                        Ok(()) => {}
+                        // Its namespace went first: no rules left to rewrite.
+                        Err(e) if !inner.ns.exists() => {
+                            tracing::debug!(agent = %agent, error = %e, "namespace gone before its rules");
+                        }
+                        Err(e) => {
+                            tracing::warn!(agent = %agent, error = %e, "rules not rewritten after a detach")
+                        }
                     }
                 });
             }
@@ -622,6 +643,14 @@ mod tests {
         }
         // Node adds these to its own roots: the CA alone.
         assert_eq!(env["NODE_EXTRA_CA_CERTS"], "/x/ca.crt");
+    }
+
+    #[test]
+    fn the_resolver_is_the_gateway() {
+        let text = resolv_conf(Ipv4Addr::new(10, 213, 7, 2));
+        let nameservers: Vec<&str> = text.lines().filter(|l| l.starts_with("nameserver")).collect();
+        assert_eq!(nameservers, ["nameserver 10.213.7.2"]);
+        assert!(!text.contains("search"), "{text}");
     }
 
     #[test]

@@ -299,14 +299,8 @@ async fn prepare(plan: Plan) -> Result<Prepared> {
 
     let files = net.dir(&run_dir)?;
     let resolv = files.join("resolv.conf");
-    std::fs::write(
-        &resolv,
-        format!(
-            "nameserver {}\noptions timeout:2 attempts:2\n",
-            attachment.gateway_addr()
-        ),
-    )
-    .with_context(|| format!("write {}", resolv.display()))?;
+    std::fs::write(&resolv, attachment.resolv_conf())
+        .with_context(|| format!("write {}", resolv.display()))?;
     let (bundle, ca_cert) = write_ca_files(&files, &egress.ca)?;
     // Inside the jail the CA files are copied to its private /run, readable by the unprivileged user the
     // command runs as (the data directory may not be).

@@ -184,10 +184,7 @@ fn write_resolv_conf(
     let dir = config.state_dir.join("resolv");
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
     let path = dir.join(format!("{agent}.conf"));
-    let text = format!(
-        "nameserver {}\noptions ndots:0 timeout:2 attempts:2\n",
-        net.gateway_addr()
-    );
+    let text = agenthold_egress::datapath::resolv_conf(net.gateway_addr());
     std::fs::write(&path, text).map_err(|e| Error::io(format!("write {}", path.display()), e))?;
     Ok(path)
 }

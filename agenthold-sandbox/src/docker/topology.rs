@@ -239,3 +239,14 @@ impl Topology {
         self.agents.get(agent).map(|a| a.net.clone())
     }
 }
+
+impl Drop for Topology {
+    /// A runtime that goes away leaves the holder's rules as they are: its sandboxes keep running, and the
+    /// next runtime reconciles them (S12). Dropping the attachments would rewrite the rules later, perhaps
+    /// over those of that next runtime.
+    fn drop(&mut self) {
+        for served in std::mem::take(&mut self.agents).into_values() {
+            served.attachment.forget();
+        }
+    }
+}

@@ -312,7 +312,7 @@ impl Harness {
             attached.push(Some(attach(&datapath, &id, agent).await));
             std::fs::write(
                 dir.0.join(format!("resolv-{i}.conf")),
-                format!("nameserver {gw}\n"),
+                agenthold_egress::datapath::resolv_conf(gw),
             )
             .unwrap();
             ids.push(id);
