@@ -10,6 +10,10 @@
 //! - [`log`]: the per-agent request log.
 //! - [`netns`]: opening sockets and running commands inside another network namespace.
 //! - [`nft`]: the nftables ruleset of the gateway's network namespace.
+//! - [`datapath`]: the one composition of the above for serving agents inside a network namespace
+//!   ([`Datapath`]: rules, listeners at each agent's `.2`, gateway attachment) and the one sandbox
+//!   environment ([`datapath::sandbox_env`]).
+//! - [`stack`]: the gateway with its default parts (policy table, secret table, the installation's CA).
 //!
 //! - [`budget`]: connection, descriptor and request budgets per agent and for the whole gateway (E20).
 //!
@@ -29,6 +33,7 @@ mod accept;
 pub mod budget;
 pub mod ca;
 mod context;
+pub mod datapath;
 mod dial;
 pub mod dns;
 mod error;
@@ -48,14 +53,17 @@ mod refresh;
 mod reply;
 mod scrub;
 pub mod sniff;
+pub mod stack;
 mod target;
 mod tls;
 mod transparent;
 mod upstream;
 
 pub use ca::CertificateAuthority;
+pub use datapath::{Attachment, CaPaths, Datapath, sandbox_env};
 pub use dial::{DialError, Resolve};
 pub use error::{Error, Result};
 pub use gateway::{
     AgentSockets, AgentStats, Dangerous, Gateway, GatewayBuilder, GatewayStats, Limits, Timeouts,
 };
+pub use stack::{EgressStack, EgressStackBuilder};

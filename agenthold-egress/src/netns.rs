@@ -244,6 +244,13 @@ impl NetNs {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
+    /// The interface that holds `addr` inside this namespace (`ip -o -4 addr show`), if any; a veth's
+    /// `@peer` suffix is not part of the name.
+    pub fn iface_with_addr(&self, addr: std::net::Ipv4Addr) -> Result<Option<String>> {
+        let out = self.ip(&["-o", "-4", "addr", "show"])?;
+        Ok(iface_in_listing(&out, addr))
+    }
+
     /// Creates a veth pair: `name` in this namespace, `peer_name` in `peer`. Both ends start down.
     ///
     /// The pair is created from inside this namespace and its peer placed directly into `peer`, so the
@@ -303,6 +310,19 @@ fn check_output(ns: &NetNs, context: &str, output: io::Result<Output>) -> Result
     Err(ns.error(context, io::Error::other(problem)))
 }
 
+/// The interface of `ip -o -4 addr show` output whose address is `addr`.
+fn iface_in_listing(listing: &str, addr: std::net::Ipv4Addr) -> Option<String> {
+    let wanted = format!("{addr}/");
+    listing.lines().find_map(|line| {
+        // "9: eth0@if10    inet 10.213.77.254/24 brd ... scope global eth0"
+        let mut words = line.split_whitespace();
+        let iface = words.nth(1)?;
+        let inet = words.skip_while(|w| *w != "inet").nth(1)?;
+        inet.starts_with(&wanted)
+            .then(|| iface.split('@').next().unwrap_or(iface).to_owned())
+    })
+}
+
 fn invalid_input(problem: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, problem)
 }
@@ -349,6 +369,17 @@ mod tests {
             let err = ns.sysctl_path(bad).unwrap_err();
             assert!(err.to_string().contains("net.* key"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn interfaces_are_found_by_address() {
+        let listing = "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever\n\
+                       9: ah4@if10    inet 10.213.4.254/24 brd 10.213.4.255 scope global ah4\\ x\n\
+                       9: ah4@if10    inet 10.213.4.2/24 scope global ah4\\ x\n";
+        let at = |a: &str| iface_in_listing(listing, a.parse().unwrap());
+        assert_eq!(at("10.213.4.2").as_deref(), Some("ah4"));
+        assert_eq!(at("127.0.0.1").as_deref(), Some("lo"));
+        assert_eq!(at("10.213.4.25"), None, "a prefix of another address is not it");
     }
 
     #[test]

@@ -64,14 +64,9 @@ pub struct Ports {
 }
 
 impl Default for Ports {
-    /// The seeds' ports: 15001, 15002, 15053 and the tunnel on 15003.
+    /// The configuration's default ports (the seeds': 15001, 15002, 15053 and the tunnel on 15003).
     fn default() -> Self {
-        Self {
-            proxy: 15001,
-            explicit: 15002,
-            dns: 15053,
-            tunnel: Some(15003),
-        }
+        Self::from_config(&agenthold_core::config::EgressConfig::default())
     }
 }
 

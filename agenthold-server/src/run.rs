@@ -1,35 +1,35 @@
 //! `agenthold run`: run one command in a fresh network namespace behind an embedded gateway.
 //!
 //! Layout: a sandbox namespace and a gateway namespace joined by a veth pair (`10.213.0.3` ↔ `10.213.0.2`);
-//! the sandbox's default route and DNS point at the gateway; the gateway namespace gets the nftables
-//! ruleset and the listeners; the gateway itself (policy, DNS forwarding, dialling) runs in this process,
-//! in the caller's namespace. The command runs in the jail ([`crate::jail`]). Namespaces (and with them the
+//! the sandbox's default route and DNS point at the gateway; the gateway namespace is served by a
+//! [`Datapath`] (the nftables ruleset and the listeners); the gateway itself ([`EgressStack`]: policy, DNS
+//! forwarding, dialling) runs in this process, in the caller's namespace. The command runs in the jail ([`crate::jail`]). Namespaces (and with them the
 //! veth pair and every rule) are removed when the command ends, fails, or agenthold is interrupted; a later
 //! run removes what a killed one left behind.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agenthold_core::policy::{NetworkPolicy, PolicyEntry, PolicyMode, PolicyTable};
-use agenthold_core::secret::{SecretSpec, SecretTable};
+use agenthold_core::policy::{NetworkPolicy, PolicyEntry, PolicyMode};
+use agenthold_core::secret::SecretSpec;
 use agenthold_core::{AgentId, Config};
-use agenthold_egress::CertificateAuthority;
-use agenthold_egress::gateway::{AgentSockets, Dangerous, Gateway};
+use agenthold_egress::datapath::{self, CaPaths};
+use agenthold_egress::gateway::{Dangerous, Gateway};
 use agenthold_egress::netns::NetNs;
-use agenthold_egress::nft::{AgentAttachment, GatewayRules, Ports};
+use agenthold_egress::nft::{AgentAttachment, Ports};
+use agenthold_egress::{Attachment, CertificateAuthority, Datapath, EgressStack};
 use anyhow::{Context, Result, bail};
+use ipnet::Ipv4Net;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::jail::view::{self, View};
 
-/// The gateway's address on the veth pair.
-const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 2);
-/// The sandbox's address on the veth pair.
-const SANDBOX_ADDR: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 3);
+/// The veth pair's network: the gateway at its `.2`, the sandbox at its `.3` (see [`datapath`]).
+const SUBNET: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(10, 213, 0, 0), 24);
 /// Prefix of the namespaces `agenthold run` creates: `ahr-<pid>-<random>-{gw,sb}`.
 const NS_PREFIX: &str = "ahr-";
 
@@ -222,6 +222,7 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
     let Prepared {
         net,
         gateway,
+        attachment,
         log_writer,
         files,
         ..
@@ -234,6 +235,10 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
     // Let connections the command left open close and get logged, then stop.
     tokio::time::sleep(Duration::from_millis(100)).await;
     gateway.shutdown(Duration::from_secs(2)).await;
+    // The last references to the gateway: the log writer ends when it is gone.
+    if let Err(e) = attachment.close().await {
+        tracing::warn!(error = %e, "could not remove the run's rules (its namespaces go anyway)");
+    }
     drop(gateway);
     if let Some(writer) = log_writer {
         writer.await.context("log writer")??;
@@ -245,12 +250,15 @@ async fn run_async(args: &RunArgs, plan: Plan) -> Result<i32> {
 /// Everything set up for the command.
 struct Prepared {
     net: RunNet,
-    gateway: Gateway,
+    gateway: Arc<Gateway>,
+    /// The command's agent served in the gateway namespace (holds the datapath).
+    attachment: Attachment,
     log_writer: Option<tokio::task::JoinHandle<Result<()>>>,
     /// The run's own directory (under the data directory's `run/`).
     files: PathBuf,
     resolv: PathBuf,
     bundle: PathBuf,
+    ca_cert: PathBuf,
     env: BTreeMap<String, String>,
     /// What the command sees.
     view: View,
@@ -264,67 +272,41 @@ async fn prepare(plan: Plan) -> Result<Prepared> {
     let run_dir = plan.data_dir.join("run");
     std::fs::create_dir_all(&run_dir).with_context(|| format!("create {}", run_dir.display()))?;
     let net = RunNet::create()?;
-    let ports = Ports {
-        proxy: plan.config.egress.proxy_port,
-        explicit: plan.config.egress.explicit_port,
-        dns: plan.config.egress.dns_port,
-        tunnel: None,
-    };
-    net.install(ports).await?;
 
     let agent = AgentId::new("run").context("agent id")?;
-    let policies = Arc::new(PolicyTable::new());
-    policies.set(agent.clone(), plan.policy);
-    let ca = Arc::new(CertificateAuthority::load_or_create(
-        &plan.data_dir.join("egress"),
-    )?);
-    let secrets = Arc::new(SecretTable::new(plan.config.egress.leak_guard));
-    let secret_values: Vec<Vec<u8>> = plan.secrets.iter().map(|s| s.value.expose().to_vec()).collect();
-    let placeholders = secrets.set(&agent, plan.secrets);
-    let gateway = Gateway::builder()
-        .config(&plan.config.egress)?
-        .policy(policies)
-        .injector(secrets)
-        .certificate_authority(Arc::clone(&ca))
+    let egress = EgressStack::builder(&plan.config.egress, &plan.data_dir)
         .dns_upstream(plan.dns_upstream)
         .dangerous(plan.dangerous)
         .build()?;
-    let bind = |port| SocketAddr::V4(SocketAddrV4::new(GATEWAY_ADDR, port));
-    let sockets = AgentSockets {
-        transparent: Some(net.gateway.bind_tcp(bind(ports.proxy))?),
-        explicit: Some(net.gateway.bind_tcp(bind(ports.explicit))?),
-        dns: Some((
-            net.gateway.bind_udp(bind(ports.dns))?,
-            net.gateway.bind_tcp(bind(ports.dns))?,
-        )),
+    let (Some(policies), Some(secrets)) = (egress.policy.table(), egress.injector.table()) else {
+        anyhow::bail!("the gateway's default tables are missing");
     };
+    policies.set(agent.clone(), plan.policy);
+    let secret_values: Vec<Vec<u8>> = plan.secrets.iter().map(|s| s.value.expose().to_vec()).collect();
+    let placeholders = secrets.set(&agent, plan.secrets);
+    let gateway = egress.gateway;
     let log_writer = match &plan.log {
         Some(path) => Some(crate::log_file::spawn_writer(path, gateway.log().subscribe())?),
         None => None,
     };
-    gateway.attach(&agent, sockets)?;
+    // No tunnel: there is no sandboxd in the jail.
+    let ports = Ports::from_config(&plan.config.egress).without_tunnel();
+    let datapath = Datapath::new(net.gateway.clone(), ports, Arc::clone(&gateway)).await?;
+    let attachment = datapath
+        .attach(&agent, AgentAttachment::on_subnet(&net.gateway_iface, SUBNET))
+        .await?;
 
     let files = net.dir(&run_dir)?;
     let resolv = files.join("resolv.conf");
-    std::fs::write(
-        &resolv,
-        format!("nameserver {GATEWAY_ADDR}\noptions timeout:2 attempts:2\n"),
-    )
-    .with_context(|| format!("write {}", resolv.display()))?;
-    let bundle = write_ca_bundle(&files, &ca)?;
-    let proxy = format!("http://{GATEWAY_ADDR}:{}", ports.explicit);
-    let mut env = BTreeMap::new();
-    for key in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
-        env.insert(key.to_owned(), proxy.clone());
-    }
-    for key in ["NO_PROXY", "no_proxy"] {
-        env.insert(key.to_owned(), "localhost,127.0.0.1,::1".to_owned());
-    }
-    // Inside the jail the bundle is copied to its private /run, readable by the unprivileged user the
+    std::fs::write(&resolv, attachment.resolv_conf())
+        .with_context(|| format!("write {}", resolv.display()))?;
+    let (bundle, ca_cert) = write_ca_files(&files, &egress.ca)?;
+    // Inside the jail the CA files are copied to its private /run, readable by the unprivileged user the
     // command runs as (the data directory may not be).
-    for key in CA_ENV {
-        env.insert(key.to_owned(), crate::jail::JAIL_CA_BUNDLE.to_owned());
-    }
+    let mut env = attachment.env(&CaPaths::new(
+        crate::jail::JAIL_CA_CERT,
+        crate::jail::JAIL_CA_BUNDLE,
+    ));
     for p in placeholders {
         if let Some(var) = p.env {
             env.insert(var, p.placeholder);
@@ -339,10 +321,12 @@ async fn prepare(plan: Plan) -> Result<Prepared> {
     Ok(Prepared {
         net,
         gateway,
+        attachment,
         log_writer,
         files,
         resolv,
         bundle,
+        ca_cert,
         env,
         view: plan.view,
         secret_values,
@@ -379,26 +363,19 @@ impl Signals {
     }
 }
 
-/// Environment variables that point TLS clients at the CA bundle (E14).
-const CA_ENV: [&str; 6] = [
-    "SSL_CERT_FILE",
-    "NODE_EXTRA_CA_CERTS",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "GIT_SSL_CAINFO",
-    "AWS_CA_BUNDLE",
-];
-
-/// The system's roots plus the installation's CA, for the command to trust.
-fn write_ca_bundle(dir: &Path, ca: &CertificateAuthority) -> Result<PathBuf> {
+/// The system's roots plus the installation's CA, and the CA alone, for the command to trust: the paths
+/// of the bundle and of the CA.
+fn write_ca_files(dir: &Path, ca: &CertificateAuthority) -> Result<(PathBuf, PathBuf)> {
     let mut bundle = std::fs::read(SYSTEM_BUNDLE).unwrap_or_default();
     if !bundle.is_empty() && !bundle.ends_with(b"\n") {
         bundle.push(b'\n');
     }
     bundle.extend_from_slice(ca.cert_pem().as_bytes());
-    let path = dir.join("ca-bundle.pem");
-    std::fs::write(&path, bundle).with_context(|| format!("write {}", path.display()))?;
-    Ok(path)
+    let bundle_path = dir.join("ca-bundle.pem");
+    std::fs::write(&bundle_path, bundle).with_context(|| format!("write {}", bundle_path.display()))?;
+    let cert_path = dir.join("ca.crt");
+    std::fs::write(&cert_path, ca.cert_pem()).with_context(|| format!("write {}", cert_path.display()))?;
+    Ok((bundle_path, cert_path))
 }
 
 /// Where Debian-family systems keep the trust store the jail replaces with the bundle.
@@ -417,6 +394,8 @@ async fn run_jailed(prepared: &Prepared, command: &[String], signals: &mut Signa
         .arg(&prepared.resolv)
         .arg("--ca-bundle")
         .arg(&prepared.bundle)
+        .arg("--ca-cert")
+        .arg(&prepared.ca_cert)
         .arg("--root")
         .arg(prepared.files.join("jail"))
         .arg("--cwd")
@@ -528,31 +507,19 @@ impl RunNet {
             .veth_pair(&net.gateway_iface, &net.sandbox, &sandbox_iface)?;
         net.gateway.link_up("lo")?;
         net.sandbox.link_up("lo")?;
+        let (gateway_addr, sandbox_addr) = (datapath::gateway_addr(SUBNET), datapath::sandbox_addr(SUBNET));
+        let on_subnet = |addr| Ipv4Net::new(addr, SUBNET.prefix_len()).map(ipnet::IpNet::V4);
         net.gateway
-            .add_address(&net.gateway_iface, ipnet::IpNet::new(GATEWAY_ADDR.into(), 24)?)?;
+            .add_address(&net.gateway_iface, on_subnet(gateway_addr)?)?;
         net.sandbox
-            .add_address(&sandbox_iface, ipnet::IpNet::new(SANDBOX_ADDR.into(), 24)?)?;
+            .add_address(&sandbox_iface, on_subnet(sandbox_addr)?)?;
         net.gateway.link_up(&net.gateway_iface)?;
         net.sandbox.link_up(&sandbox_iface)?;
-        net.sandbox.add_default_route(GATEWAY_ADDR.into())?;
+        net.sandbox.add_default_route(gateway_addr.into())?;
         // The sandbox is IPv4-only: the gateway's resolver answers A records only.
         net.sandbox.sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
         net.sandbox.sysctl("net.ipv6.conf.default.disable_ipv6", "1")?;
         Ok(net)
-    }
-
-    async fn install(&self, ports: Ports) -> Result<()> {
-        agenthold_egress::nft::harden(&self.gateway)?;
-        let rules = GatewayRules {
-            ports,
-            agents: vec![AgentAttachment {
-                iface: self.gateway_iface.clone(),
-                gateway_addr: GATEWAY_ADDR,
-                subnet: ipnet::Ipv4Net::new(GATEWAY_ADDR, 24)?.trunc(),
-            }],
-        };
-        rules.apply(&self.gateway).await?;
-        Ok(())
     }
 
     /// A private folder for this run's files under `run_dir`.

@@ -7,6 +7,7 @@ use std::process::Output;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use agenthold_egress::datapath;
 use agenthold_egress::netns::NetNs;
 use agenthold_egress::nft::AgentAttachment;
 use ipnet::{IpNet, Ipv4Net};
@@ -48,21 +49,17 @@ impl TestAgent {
 
     /// The gateway's address on this agent's network (`10.213.N.2`).
     pub fn gateway_addr(&self) -> Ipv4Addr {
-        Ipv4Addr::new(10, 213, self.n, 2)
+        datapath::gateway_addr(self.subnet())
     }
 
     /// The sandbox's address (`10.213.N.3`).
     pub fn sandbox_addr(&self) -> Ipv4Addr {
-        Ipv4Addr::new(10, 213, self.n, 3)
+        datapath::sandbox_addr(self.subnet())
     }
 
-    /// This agent as the gateway's rules see it.
+    /// This agent as the gateway's rules see it (what `Datapath::attach` takes).
     pub fn attachment(&self) -> AgentAttachment {
-        AgentAttachment {
-            iface: self.iface.clone(),
-            gateway_addr: self.gateway_addr(),
-            subnet: self.subnet(),
-        }
+        AgentAttachment::on_subnet(self.iface.clone(), self.subnet())
     }
 
     /// Runs `args[0]` with the other arguments inside the sandbox and waits for it (curl, python3 -c …).

@@ -1,5 +1,6 @@
 //! The benchmark's world, built the way the integration tests build theirs: a [`TestNet`] whose gateway
-//! namespace runs the real nftables rules and a real [`Gateway`], a second [`TestNet`] without any rules
+//! namespace is served by a real [`Datapath`] (the nftables rules, the listeners at the `.2`) and a real
+//! [`Gateway`], a second [`TestNet`] without any rules
 //! for the "direct over veth" path, and one set of upstreams (HTTP, HTTPS, DNS) answering on loopback and
 //! inside the direct namespace.
 //!
@@ -22,8 +23,8 @@ use agenthold_core::policy::{NetworkPolicy, PolicyMode, PolicyTable};
 use agenthold_core::secret::SecretInjector;
 use agenthold_egress::dns::DnsLimits;
 use agenthold_egress::netns::NetNs;
-use agenthold_egress::nft::{self, GatewayRules, Ports};
-use agenthold_egress::{AgentSockets, CertificateAuthority, Dangerous, Gateway};
+use agenthold_egress::nft::Ports;
+use agenthold_egress::{Attachment, CertificateAuthority, Dangerous, Datapath, Gateway};
 use agenthold_testsupport::{TestCa, TestNet};
 use anyhow::{Context, Result, bail};
 use tokio::runtime::Runtime;
@@ -79,7 +80,9 @@ pub struct Intercept {
 pub struct Env {
     upstream_rt: Runtime,
     gateway_rt: Runtime,
-    gateway: Option<Gateway>,
+    gateway: Option<Arc<Gateway>>,
+    /// The benchmark's agent in the gateway namespace.
+    attachment: Option<Attachment>,
     gateway_net: Option<TestNet>,
     direct_net: Option<TestNet>,
     lo: Endpoints,
@@ -161,15 +164,8 @@ impl Env {
         };
 
         // The gateway, as `agenthold run` sets it up, with an allowlist covering the benchmark's names.
-        let ports = Ports::default();
-        let gw_ns = gateway_net.gateway();
+        let ports = Ports::default().without_tunnel();
         let gw_addr = gateway_net.gateway_addr();
-        nft::harden(gw_ns)?;
-        let rules = GatewayRules {
-            ports,
-            agents: gateway_net.attachments(),
-        };
-        gateway_rt.block_on(rules.apply(gw_ns))?;
         let agent = AgentId::new("bench")?;
         let policies = Arc::new(PolicyTable::new());
         let entries = [format!("{NAME}:*"), format!("*.{NAME}")];
@@ -212,16 +208,12 @@ impl Env {
                     .injector(intercept.injector)
                     .certificate_authority(intercept.ca);
             }
-            let gateway = builder.build()?;
-            let bind = |port| SocketAddr::from((gw_addr, port));
-            let sockets = AgentSockets {
-                transparent: Some(gw_ns.bind_tcp(bind(ports.proxy))?),
-                explicit: Some(gw_ns.bind_tcp(bind(ports.explicit))?),
-                dns: Some((gw_ns.bind_udp(bind(ports.dns))?, gw_ns.bind_tcp(bind(ports.dns))?)),
-            };
-            gateway.attach(&agent, sockets)?;
-            gateway
+            Arc::new(builder.build()?)
         };
+        let attachment = gateway_rt.block_on(async {
+            let datapath = Datapath::new(gateway_net.gateway().clone(), ports, Arc::clone(&gateway)).await?;
+            datapath.attach(&agent, gateway_net.agent(0).attachment()).await
+        })?;
 
         // The sandbox learns the name from the gateway's resolver (port 53 of any address is redirected).
         let resolver = SocketAddr::from((gw_addr, 53));
@@ -233,7 +225,7 @@ impl Env {
             dns: resolver,
             raw: SocketAddr::from((synthetic, RAW_PORT)),
         };
-        let explicit = SocketAddr::from((gw_addr, ports.explicit));
+        let explicit = attachment.explicit_proxy();
 
         let mut ca_file = tempfile::NamedTempFile::new()?;
         std::io::Write::write_all(&mut ca_file, ca.pem().as_bytes())?;
@@ -242,6 +234,7 @@ impl Env {
             upstream_rt,
             gateway_rt,
             gateway: Some(gateway),
+            attachment: Some(attachment),
             gateway_net: Some(gateway_net),
             direct_net: Some(direct_net),
             lo,
@@ -304,6 +297,11 @@ impl Env {
     pub fn close(mut self) {
         if let Some(gateway) = self.gateway.take() {
             self.gateway_rt.block_on(gateway.shutdown(Duration::from_secs(2)));
+        }
+        if let Some(attachment) = self.attachment.take()
+            && let Err(e) = self.gateway_rt.block_on(attachment.close())
+        {
+            tracing::warn!(error = %e, "could not remove the benchmark's rules (its namespaces go anyway)");
         }
         let Self {
             upstream_rt,

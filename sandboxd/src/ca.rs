@@ -208,7 +208,7 @@ mod tests {
     fn sandbox_root(system: Option<&str>) -> (tempfile::TempDir, Layout) {
         let dir = tempfile::tempdir().expect("tempdir");
         let layout = Layout::new(dir.path().to_owned());
-        std::fs::create_dir_all(layout.path("/.agenthold")).expect("mkdir");
+        std::fs::create_dir_all(layout.path(sandboxd::contract::DIR)).expect("mkdir");
         if let Some(system) = system {
             std::fs::create_dir_all(layout.path("/etc/ssl/certs")).expect("mkdir");
             std::fs::write(layout.path(SYSTEM_BUNDLES[0]), system).expect("write");

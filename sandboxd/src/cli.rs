@@ -5,6 +5,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use sandboxd::contract::command;
+
 /// The synopsis printed with usage errors and `--help`.
 pub(crate) const USAGE: &str = "sandboxd [--root DIR] hold
 sandboxd [--root DIR] boot [--] [CMD ARG...]
@@ -74,15 +76,9 @@ impl UsageError {
     }
 }
 
-/// Whether `id` is acceptable as an exec id: `[A-Za-z0-9_.-]{1,128}`, not starting with `.` (it becomes a file
-/// name under `/.agenthold/run`, so no separators and no `..`).
+/// Whether `id` is acceptable as an exec id (see [`sandboxd::contract::valid_exec_id`]).
 pub(crate) fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && !id.starts_with('.')
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    sandboxd::contract::valid_exec_id(id)
 }
 
 /// Splits `--name=value` / `--name value` option syntax. Returns the option name and its inline value.
@@ -133,13 +129,13 @@ pub(crate) fn parse(args: Vec<OsString>) -> Result<Invocation, UsageError> {
             }
             "--version" | "-V" => Command::Version,
             "--help" | "-h" => Command::Help,
-            "hold" => {
+            command::HOLD => {
                 if let Some(extra) = rest.next() {
                     return Err(UsageError::new(format!("hold: unexpected argument {extra:?}")));
                 }
                 Command::Hold
             }
-            "boot" => {
+            command::BOOT => {
                 let mut argv: Vec<OsString> = rest.by_ref().collect();
                 if argv.first().is_some_and(|a| a == "--") {
                     argv.remove(0);
@@ -154,8 +150,10 @@ pub(crate) fn parse(args: Vec<OsString>) -> Result<Invocation, UsageError> {
                 }
                 Command::Boot { argv }
             }
-            "run" => Command::Run(parse_run(&mut rest).map_err(|message| UsageError { message, run: true })?),
-            "kill" => Command::Kill {
+            command::RUN => {
+                Command::Run(parse_run(&mut rest).map_err(|message| UsageError { message, run: true })?)
+            }
+            command::KILL => Command::Kill {
                 id: parse_kill(&mut rest).map_err(UsageError::new)?,
             },
             other => return Err(UsageError::new(format!("unknown subcommand {other:?}"))),
@@ -176,14 +174,14 @@ fn parse_run(rest: &mut std::vec::IntoIter<OsString>) -> Result<RunOptions, Stri
         let (name, inline) = split_option(text);
         match name {
             "--" => break,
-            "--timeout-ms" => {
+            command::OPT_TIMEOUT_MS => {
                 let value = option_value(name, inline, rest)?;
                 let ms: u64 = value
                     .parse()
                     .map_err(|_| format!("run: --timeout-ms {value:?}: not a number"))?;
                 opts.timeout = (ms > 0).then(|| Duration::from_millis(ms));
             }
-            "--id" => {
+            command::OPT_ID => {
                 let value = option_value(name, inline, rest)?;
                 if !valid_id(&value) {
                     return Err(format!(
@@ -212,8 +210,8 @@ fn parse_kill(rest: &mut std::vec::IntoIter<OsString>) -> Result<String, String>
     while let Some(arg) = rest.next() {
         let text = arg.to_str().unwrap_or_default().to_owned();
         match split_option(&text) {
-            ("--id", inline) => {
-                let value = option_value("--id", inline, rest)?;
+            (command::OPT_ID, inline) => {
+                let value = option_value(command::OPT_ID, inline, rest)?;
                 if !valid_id(&value) {
                     return Err(format!(
                         "kill: --id {value:?}: expected [A-Za-z0-9_.-]{{1,128}}, not starting with ."

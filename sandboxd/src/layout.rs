@@ -1,16 +1,11 @@
 //! Where sandboxd's files live. Every absolute path goes through [`Layout::path`] so that tests can move the
-//! whole file system view under a temporary directory with `--root DIR`.
+//! whole file system view under a temporary directory with `--root DIR`. The paths the runtime shares with
+//! sandboxd (`/.agenthold/…`) come from [`sandboxd::contract`]; the image's own trust-store paths are here.
 
 use std::path::{Path, PathBuf};
 
-/// The boot token file, written by the runtime before every start, deleted by `boot` once read.
-pub(crate) const BOOT_FILE: &str = "/.agenthold/boot";
-/// The installation's CA certificate (PEM), written by the runtime with the boot token.
-pub(crate) const CA_FILE: &str = "/.agenthold/ca.crt";
-/// The bundle `boot` builds: system roots + the CA (the runtime points `SSL_CERT_FILE` & co. here).
-pub(crate) const CA_BUNDLE: &str = "/.agenthold/ca-bundle.pem";
-/// Records of running `run --id` commands.
-pub(crate) const RUN_DIR: &str = "/.agenthold/run";
+pub(crate) use sandboxd::contract::{BOOT_FILE, CA_BUNDLE, CA_FILE, RUN_DIR};
+
 /// System CA bundles, in order of preference (Debian/Ubuntu/Alpine, Fedora/RHEL, others).
 pub(crate) const SYSTEM_BUNDLES: [&str; 3] = [
     "/etc/ssl/certs/ca-certificates.crt",
@@ -82,14 +77,17 @@ mod tests {
     #[test]
     fn paths_are_rooted() {
         let layout = Layout::new(PathBuf::from("/tmp/r"));
-        assert_eq!(layout.path(BOOT_FILE), PathBuf::from("/tmp/r/.agenthold/boot"));
+        assert_eq!(
+            layout.path(BOOT_FILE),
+            PathBuf::from("/tmp/r").join(&BOOT_FILE[1..])
+        );
         assert_eq!(
             layout.pid_file("a1"),
-            PathBuf::from("/tmp/r/.agenthold/run/a1.pid")
+            PathBuf::from("/tmp/r").join(&RUN_DIR[1..]).join("a1.pid")
         );
         assert_eq!(
             Layout::new(PathBuf::from("/")).path(CA_BUNDLE),
-            PathBuf::from("/.agenthold/ca-bundle.pem")
+            PathBuf::from(CA_BUNDLE)
         );
     }
 

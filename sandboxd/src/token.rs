@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
 
-/// Length of the token in hex characters (256 bits).
-const TOKEN_HEX_LEN: usize = 64;
+use sandboxd::contract::token::{self, HEX_LEN as TOKEN_HEX_LEN};
+
 /// How often the boot file is looked for while waiting.
 const POLL_EVERY: Duration = Duration::from_millis(100);
 
@@ -33,8 +33,7 @@ impl BootToken {
     /// Parses the boot file's contents: exactly 64 lowercase hex characters, one trailing `\n` tolerated.
     pub(crate) fn parse(contents: &[u8]) -> Option<Self> {
         let body = contents.strip_suffix(b"\n").unwrap_or(contents);
-        let ok = body.len() == TOKEN_HEX_LEN && body.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-        ok.then(|| Self(String::from_utf8_lossy(body).into_owned()))
+        token::is_valid(body).then(|| Self(String::from_utf8_lossy(body).into_owned()))
     }
 }
 

@@ -6,10 +6,12 @@ use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use sandboxd::contract::{ENV_AGENT, ENV_TUNNEL, tunnel as wire};
+
 use crate::token::BootToken;
 
 /// Longest line either side may send, newline included.
-const MAX_LINE: usize = 256;
+const MAX_LINE: usize = wire::MAX_LINE;
 
 /// Everything the client needs; built from the environment by [`TunnelConfig::from_env`].
 #[derive(Debug, Clone)]
@@ -39,34 +41,39 @@ fn env_ms(name: &str, default_ms: u64) -> Duration {
     Duration::from_millis(ms.max(10))
 }
 
-/// Whether `agent` can go into the hello line: non-empty, printable ASCII, no spaces, at most 128 bytes.
+/// Whether `agent` can go into the hello line (see [`wire::valid_agent`]).
 fn valid_agent(agent: &str) -> bool {
-    !agent.is_empty() && agent.len() <= 128 && agent.bytes().all(|b| b.is_ascii_graphic())
+    wire::valid_agent(agent)
+}
+
+/// A duration in whole milliseconds, for the defaults of the test-only knobs.
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl TunnelConfig {
     /// Reads `AGENTHOLD_TUNNEL`, `AGENTHOLD_AGENT` and the test-only timing knobs. `Ok(None)` when
     /// `AGENTHOLD_TUNNEL` is unset (sandboxd running outside agenthold); `Err` with a message when a value is bad.
     pub(crate) fn from_env(token: BootToken) -> Result<Option<Self>, String> {
-        let Some(addr) = std::env::var_os("AGENTHOLD_TUNNEL") else {
+        let Some(addr) = std::env::var_os(ENV_TUNNEL) else {
             return Ok(None);
         };
         let addr = addr
             .to_str()
             .and_then(|a| a.trim().parse::<SocketAddr>().ok())
-            .ok_or_else(|| format!("AGENTHOLD_TUNNEL={addr:?}: expected IP:PORT (no names are resolved)"))?;
-        let agent = std::env::var("AGENTHOLD_AGENT").unwrap_or_default();
+            .ok_or_else(|| format!("{ENV_TUNNEL}={addr:?}: expected IP:PORT (no names are resolved)"))?;
+        let agent = std::env::var(ENV_AGENT).unwrap_or_default();
         if !valid_agent(&agent) {
             return Err(format!(
-                "AGENTHOLD_AGENT={agent:?}: expected a non-empty printable id without spaces"
+                "{ENV_AGENT}={agent:?}: expected a non-empty printable id without spaces"
             ));
         }
         Ok(Some(Self {
             addr,
             agent,
             token,
-            ping_every: env_ms("AGENTHOLD_TUNNEL_PING_MS", 10_000),
-            timeout: env_ms("AGENTHOLD_TUNNEL_TIMEOUT_MS", 10_000),
+            ping_every: env_ms("AGENTHOLD_TUNNEL_PING_MS", ms(wire::PING_EVERY)),
+            timeout: env_ms("AGENTHOLD_TUNNEL_TIMEOUT_MS", ms(wire::REPLY_TIMEOUT)),
             backoff: env_ms("AGENTHOLD_TUNNEL_BACKOFF_MS", 1_000),
             backoff_max: env_ms("AGENTHOLD_TUNNEL_BACKOFF_MAX_MS", 10_000),
         }))
@@ -74,7 +81,7 @@ impl TunnelConfig {
 
     /// The hello line, newline included. Contains the token: write it to the socket only.
     fn hello(&self) -> String {
-        format!("AGENTHOLD-TUNNEL 1 {} {}\n", self.agent, self.token.expose())
+        wire::hello(&self.agent, self.token.expose())
     }
 }
 
@@ -210,8 +217,8 @@ fn authenticated(
 ) -> Result<std::convert::Infallible, SessionEnd> {
     conn.send(cfg.hello().as_bytes(), "hello")?;
     let answer = conn.expect_line(Instant::now() + cfg.timeout, "hello")?;
-    if answer.as_slice() != b"OK" {
-        return Err(match answer.strip_prefix(b"ERR ") {
+    if answer.as_slice() != wire::OK.as_bytes() {
+        return Err(match answer.strip_prefix(wire::ERR.as_bytes()) {
             Some(reason) => SessionEnd::Rejected(sanitize(reason)),
             None => SessionEnd::Protocol("hello", sanitize(&answer)),
         });
@@ -222,9 +229,9 @@ fn authenticated(
         if let Line::Text(line) = conn.read_line(Instant::now() + cfg.ping_every, "idle")? {
             return Err(SessionEnd::Protocol("idle", sanitize(&line)));
         }
-        conn.send(b"PING\n", "ping")?;
+        conn.send(wire::line(wire::PING).as_bytes(), "ping")?;
         let line = conn.expect_line(Instant::now() + cfg.timeout, "ping")?;
-        if line.as_slice() != b"PONG" {
+        if line.as_slice() != wire::PONG.as_bytes() {
             return Err(SessionEnd::Protocol("ping", sanitize(&line)));
         }
     }

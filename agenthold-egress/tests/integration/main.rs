@@ -7,6 +7,7 @@
 //! (93.184.216.34, 1.1.1.1, …) are only ever destinations that the gateway's rules redirect or drop.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod attach;
 mod datapath;
 mod gateway;
 mod isolation;

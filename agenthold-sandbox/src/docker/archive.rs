@@ -148,11 +148,13 @@ mod tests {
 
     #[test]
     fn round_trip_and_real_tar_agrees() {
+        // What the runtime writes before every start.
+        let boot = sandboxd::contract::relative(sandboxd::contract::BOOT_FILE);
         let long = format!("{}/{}", "d".repeat(120), "f".repeat(90));
         let tar = pack(
             &[
                 Entry {
-                    path: ".agenthold/boot",
+                    path: boot,
                     mode: 0o400,
                     data: b"token",
                 },
@@ -190,7 +192,7 @@ mod tests {
         let listing = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{listing}");
         assert!(
-            listing.contains(".agenthold/boot") && listing.contains(&"f".repeat(90)),
+            listing.contains(boot) && listing.contains(&"f".repeat(90)),
             "{listing}"
         );
         assert!(listing.contains("-r--------"), "{listing}");

@@ -68,12 +68,7 @@ impl DockerConfig {
         }
         let image = image::ensure_sandboxd_image(&engine.docker, SANDBOXD).await?;
         Ok(Self {
-            ports: Ports {
-                proxy: config.egress.proxy_port,
-                explicit: config.egress.explicit_port,
-                dns: config.egress.dns_port,
-                tunnel: Some(config.egress.tunnel_port),
-            },
+            ports: Ports::from_config(&config.egress),
             subnet_pool: config.sandbox.subnet_pool,
             default_runtime: config.sandbox.runtime.as_str().to_owned(),
             cpus: config.sandbox.cpus,

@@ -3,16 +3,18 @@
 //! written into it before the engine starts it).
 // enforces: E2 S1
 
-use std::collections::BTreeMap;
+use std::net::SocketAddr;
 
 use agenthold_core::AgentId;
 use agenthold_core::sandbox::ContainerSpec;
+use agenthold_egress::datapath::{CaPaths, RESERVED_ENV, sandbox_env};
 use bollard::body_full;
 use bollard::models::{
     ContainerCreateBody, HostConfig, Mount, MountType, RestartPolicy, RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainerOptions};
 use bytes::Bytes;
+use sandboxd::contract;
 
 use super::DockerConfig;
 use crate::docker::archive::{self, Entry};
@@ -20,40 +22,27 @@ use crate::docker::engine::Engine;
 use crate::docker::network::AgentNetwork;
 use crate::error::{Error, Result};
 
-/// The sandboxd binary inside a sandbox (bind-mounted read-only).
-pub(crate) const SANDBOXD: &str = "/.agenthold/bin/sandboxd";
-/// The CA bundle (system roots + the installation's CA) sandboxd builds at boot.
-pub(crate) const CA_BUNDLE: &str = "/.agenthold/ca-bundle.pem";
-/// The installation's CA certificate inside a sandbox.
-pub(crate) const CA_CERT: &str = "/.agenthold/ca.crt";
 /// The agent's persistent volume.
 pub(crate) const WORKSPACE: &str = "/workspace";
 
-/// Environment variables pointing TLS clients at the bundle (E14).
-const CA_ENV: [&str; 5] = [
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "GIT_SSL_CAINFO",
-    "AWS_CA_BUNDLE",
-];
-
 /// Environment variables the datapath sets in every sandbox; a spec may not set them (it may set
-/// `NO_PROXY`).
-pub const DATAPATH_ENV: &[&str] = &[
-    "HTTPS_PROXY",
-    "HTTP_PROXY",
-    "https_proxy",
-    "http_proxy",
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "GIT_SSL_CAINFO",
-    "AWS_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "AGENTHOLD_AGENT",
-    "AGENTHOLD_TUNNEL",
-];
+/// `NO_PROXY`): the sandbox environment contract's ([`RESERVED_ENV`]) and sandboxd's ([`contract::ENV`]).
+pub const DATAPATH_ENV: &[&str] = &datapath_env();
+
+const fn datapath_env() -> [&'static str; RESERVED_ENV.len() + contract::ENV.len()] {
+    let mut all = [""; RESERVED_ENV.len() + contract::ENV.len()];
+    let mut i = 0;
+    while i < RESERVED_ENV.len() {
+        all[i] = RESERVED_ENV[i];
+        i += 1;
+    }
+    let mut j = 0;
+    while j < contract::ENV.len() {
+        all[i + j] = contract::ENV[j];
+        j += 1;
+    }
+    all
+}
 
 /// Names of an agent's engine objects.
 pub(crate) fn container_name(agent: &AgentId) -> String {
@@ -73,23 +62,15 @@ fn environment(
     config: &DockerConfig,
 ) -> Vec<String> {
     let gateway = net.gateway_addr();
-    let proxy = format!("http://{gateway}:{}", config.ports.explicit);
-    let mut env = BTreeMap::new();
-    for key in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
-        env.insert(key.to_owned(), proxy.clone());
-    }
-    for key in ["NO_PROXY", "no_proxy"] {
-        env.insert(key.to_owned(), "localhost,127.0.0.1,::1".to_owned());
-    }
-    for key in CA_ENV {
-        env.insert(key.to_owned(), CA_BUNDLE.to_owned());
-    }
-    // Node adds these to its own roots rather than replacing them.
-    env.insert("NODE_EXTRA_CA_CERTS".to_owned(), CA_CERT.to_owned());
-    env.insert("AGENTHOLD_AGENT".to_owned(), agent.to_string());
-    if let Some(tunnel) = config.ports.tunnel {
-        env.insert("AGENTHOLD_TUNNEL".to_owned(), format!("{gateway}:{tunnel}"));
-    }
+    // sandboxd builds the bundle from the image's roots and the CA at every boot.
+    let ca = CaPaths::new(contract::CA_FILE, contract::CA_BUNDLE);
+    let mut env = sandbox_env(gateway, config.ports, &ca);
+    let tunnel = config.ports.tunnel.map(|port| SocketAddr::from((gateway, port)));
+    env.extend(
+        contract::env(agent.as_str(), tunnel)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v)),
+    );
     env.extend(spec.env().iter().map(|(k, v)| (k.clone(), v.clone())));
     env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
@@ -141,7 +122,7 @@ pub(crate) async fn create(
             ..Default::default()
         },
         Mount {
-            target: Some(SANDBOXD.to_owned()),
+            target: Some(contract::SANDBOXD.to_owned()),
             source: Some(config.sandboxd_path.display().to_string()),
             typ: Some(MountType::BIND),
             read_only: Some(true),
@@ -154,7 +135,7 @@ pub(crate) async fn create(
             "agent-{}",
             &agent.as_str()[..agent.as_str().len().min(20)]
         )),
-        entrypoint: Some(vec![SANDBOXD.to_owned(), "boot".to_owned()]),
+        entrypoint: Some(contract::command::boot()),
         env: Some(environment(agent, spec, net, config)),
         working_dir: Some(WORKSPACE.to_owned()),
         labels: Some(labels),
@@ -202,10 +183,7 @@ fn write_resolv_conf(
     let dir = config.state_dir.join("resolv");
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
     let path = dir.join(format!("{agent}.conf"));
-    let text = format!(
-        "nameserver {}\noptions ndots:0 timeout:2 attempts:2\n",
-        net.gateway_addr()
-    );
+    let text = agenthold_egress::datapath::resolv_conf(net.gateway_addr());
     std::fs::write(&path, text).map_err(|e| Error::io(format!("write {}", path.display()), e))?;
     Ok(path)
 }
@@ -220,13 +198,13 @@ pub(crate) async fn write_boot_files(
     let tar = archive::pack(
         &[
             Entry {
-                path: ".agenthold/boot",
-                mode: 0o400,
+                path: contract::relative(contract::BOOT_FILE),
+                mode: contract::BOOT_FILE_MODE,
                 data: token.as_bytes(),
             },
             Entry {
-                path: ".agenthold/ca.crt",
-                mode: 0o444,
+                path: contract::relative(contract::CA_FILE),
+                mode: contract::CA_FILE_MODE,
                 data: ca_pem.as_bytes(),
             },
         ],

@@ -9,7 +9,7 @@ use bollard::exec::{CreateExecOptions, StartExecResults};
 use futures_util::{StreamExt, future, stream};
 use tokio::io::AsyncWriteExt;
 
-use super::container::{SANDBOXD, container_name};
+use super::container::container_name;
 use crate::docker::engine::Engine;
 use crate::error::{Error, Result};
 
@@ -21,19 +21,8 @@ pub(crate) async fn start(engine: &Engine, agent: &AgentId, mut request: ExecReq
         });
     }
     let id = agenthold_core::AgentId::random().to_string();
-    let mut cmd = vec![
-        SANDBOXD.to_owned(),
-        "run".to_owned(),
-        "--id".to_owned(),
-        id.clone(),
-    ];
-    if let Some(timeout) = request.timeout.take() {
-        cmd.push("--timeout-ms".to_owned());
-        cmd.push(timeout.as_millis().max(1).to_string());
-    }
-    cmd.push("--".to_owned());
-    cmd.append(&mut request.argv);
-    request.argv = cmd;
+    let timeout_ms = request.timeout.take().map(|t| t.as_millis());
+    request.argv = sandboxd::contract::command::run(&id, timeout_ms, std::mem::take(&mut request.argv));
     start_raw(engine, agent, request, id).await
 }
 

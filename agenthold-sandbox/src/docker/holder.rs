@@ -8,7 +8,6 @@
 //! empty, closed namespace (no `.2`, no rules, no listeners) and stays closed until reconciled.
 
 use std::collections::HashMap;
-use std::net::Ipv4Addr;
 
 use agenthold_egress::netns::NetNs;
 use bollard::models::{
@@ -102,7 +101,7 @@ impl Holder {
     pub async fn join(&self, engine: &Engine, net: &AgentNetwork) -> Result<String> {
         let join_addr = net.host(GATEWAY_JOIN_HOST);
         let ns = self.netns();
-        if find_iface(&ns, join_addr)?.is_none() {
+        if ns.iface_with_addr(join_addr)?.is_none() {
             // A container on the `none` network cannot join another one until it leaves `none`.
             let disconnect = NetworkDisconnectRequest {
                 container: self.container.clone(),
@@ -129,7 +128,7 @@ impl Holder {
                 .await
                 .map_err(|e| Error::engine(format!("connect the gateway to {}", net.name), e))?;
         }
-        let iface = find_iface(&ns, join_addr)?.ok_or_else(|| Error::Unavailable {
+        let iface = ns.iface_with_addr(join_addr)?.ok_or_else(|| Error::Unavailable {
             problem: format!(
                 "the gateway joined {} but has no interface with {join_addr}",
                 net.name
@@ -141,7 +140,7 @@ impl Holder {
         // anything anywhere, so it keeps no default route at all.
         while ns.ip(&["route", "del", "default"]).is_ok() {}
         let gateway = net.gateway_addr();
-        if find_iface(&ns, gateway)?.is_none() {
+        if ns.iface_with_addr(gateway)?.is_none() {
             ns.ip(&["addr", "add", &format!("{gateway}/24"), "dev", &iface])?;
         }
         Ok(iface)
@@ -166,20 +165,6 @@ impl Holder {
             )),
         }
     }
-}
-
-/// The interface that carries `addr` inside `ns`.
-fn find_iface(ns: &NetNs, addr: Ipv4Addr) -> Result<Option<String>> {
-    let out = ns.ip(&["-o", "-4", "addr", "show"])?;
-    let wanted = format!("{addr}/");
-    Ok(out.lines().find_map(|line| {
-        // "9: eth0    inet 10.213.77.254/24 brd ... scope global eth0"
-        let mut words = line.split_whitespace();
-        let iface = words.nth(1)?;
-        let inet = words.skip_while(|w| *w != "inet").nth(1)?;
-        inet.starts_with(&wanted)
-            .then(|| iface.split('@').next().unwrap_or(iface).to_owned())
-    }))
 }
 
 async fn exists(engine: &Engine, name: &str) -> Result<bool> {

@@ -349,12 +349,7 @@ impl Sandbox for DockerSandbox {
 
     async fn cancel_exec(&self, agent: &AgentId, exec_id: &str) -> agenthold_core::Result<()> {
         let request = ExecRequest {
-            argv: vec![
-                container::SANDBOXD.to_owned(),
-                "kill".to_owned(),
-                "--id".to_owned(),
-                exec_id.to_owned(),
-            ],
+            argv: sandboxd::contract::command::kill(exec_id),
             ..Default::default()
         };
         // `sandboxd kill` itself is not wrapped in `sandboxd run`: exec the binary directly.

@@ -20,8 +20,6 @@ use sha2::{Digest, Sha256};
 use crate::docker::engine::{Engine, is_not_found};
 use crate::error::{Error, Result};
 
-/// The address the gateway namespace owns on every agent network (the sandboxes' route and DNS server).
-pub const GATEWAY_HOST: u8 = 2;
 /// The address the gateway container joins every agent network with (Docker reserves `.2` as the network's
 /// gateway, so the container takes `.254` and adds `.2` inside its own namespace).
 pub const GATEWAY_JOIN_HOST: u8 = 254;
@@ -57,10 +55,10 @@ impl AgentNetwork {
         Ipv4Addr::new(a, b, c, last)
     }
 
-    /// The gateway's address on this network (`.2`).
+    /// The gateway's address on this network (`.2`, see [`agenthold_egress::datapath::gateway_addr`]).
     #[must_use]
     pub fn gateway_addr(&self) -> Ipv4Addr {
-        self.host(GATEWAY_HOST)
+        agenthold_egress::datapath::gateway_addr(self.subnet)
     }
 }
 

@@ -1,19 +1,16 @@
 //! Which agents the gateway holder serves, and everything that follows from that set: the holder's
-//! network memberships and `.2` addresses, the nftables ruleset of its namespace, each agent's listeners
-//! (transparent proxy, explicit proxy, DNS, tunnel) bound at its `.2`, the `DOCKER-USER` accepts and the
-//! host table. Changes go through one lock, in an order that never opens the datapath: rules before
-//! listeners, listeners before the sandbox starts.
+//! network memberships and `.2` addresses, the holder namespace's [`Datapath`] (its nftables ruleset and
+//! each agent's listeners bound at its `.2`; the tunnel listener served here), the `DOCKER-USER` accepts
+//! and the host table. Changes go through one lock, in an order that never opens the datapath: rules
+//! before listeners, listeners before the sandbox starts.
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 
 use agenthold_core::{AgentId, Store};
-use agenthold_egress::Gateway;
-use agenthold_egress::gateway::AgentSockets;
-use agenthold_egress::nft::{AgentAttachment, GatewayRules};
+use agenthold_egress::nft::AgentAttachment;
+use agenthold_egress::{Attachment, Datapath, Gateway};
 use ipnet::Ipv4Net;
-use tokio_util::sync::CancellationToken;
 
 use super::DockerConfig;
 use crate::docker::engine::Engine;
@@ -47,18 +44,18 @@ pub(crate) async fn save_token(store: &dyn Store, agent: &AgentId, hash: Option<
 }
 
 /// One agent served by the gateway holder.
-struct Attachment {
+struct Served {
     net: AgentNetwork,
-    iface: String,
-    /// Ends the agent's listeners.
-    cancel: CancellationToken,
+    /// Rules, listeners and gateway attachment in the holder's namespace; ends the tunnel listener too.
+    attachment: Attachment,
 }
 
 /// The holder and the agents it serves.
 #[derive(Default)]
 pub(crate) struct Topology {
-    holder: Option<Holder>,
-    agents: BTreeMap<AgentId, Attachment>,
+    /// The running holder and the datapath of its namespace.
+    holder: Option<(Holder, Datapath)>,
+    agents: BTreeMap<AgentId, Served>,
     /// Subnets handed out but maybe not yet visible in the engine.
     reserved: HashSet<Ipv4Net>,
 }
@@ -78,16 +75,22 @@ impl Topology {
         Ok(AgentNetwork::for_agent(agent, subnet))
     }
 
-    /// The running holder, (re)created when missing or replaced.
-    async fn holder(&mut self, engine: &Engine, config: &DockerConfig) -> Result<Holder> {
-        if let Some(h) = &self.holder
+    /// The running holder and its datapath, (re)created when missing or replaced.
+    async fn holder(
+        &mut self,
+        engine: &Engine,
+        gateway: &Arc<Gateway>,
+        config: &DockerConfig,
+    ) -> Result<(Holder, Datapath)> {
+        if let Some((h, datapath)) = &self.holder
             && h.is_current(engine).await?
         {
-            return Ok(h.clone());
+            return Ok((h.clone(), datapath.clone()));
         }
         let holder = Holder::ensure(engine, &config.sandboxd_image).await?;
-        self.holder = Some(holder.clone());
-        Ok(holder)
+        let datapath = Datapath::new(holder.netns(), config.ports, Arc::clone(gateway)).await?;
+        self.holder = Some((holder.clone(), datapath.clone()));
+        Ok((holder, datapath))
     }
 
     /// Serve `agent` on `net`: host firewall, holder membership and `.2`, rules, listeners (idempotent: a
@@ -101,7 +104,7 @@ impl Topology {
         agent: &AgentId,
         net: AgentNetwork,
     ) -> Result<()> {
-        if let (Some(current), Some(h)) = (self.agents.get(agent), &self.holder)
+        if let (Some(current), Some((h, _))) = (self.agents.get(agent), &self.holder)
             && current.net == net
             && h.is_current(engine).await?
         {
@@ -110,23 +113,26 @@ impl Topology {
         }
         hostfw::allow_bridge(&net)?;
         self.sync_host_firewall_with(engine, Some(&net))?;
-        let holder = self.holder(engine, config).await?;
+        let (holder, datapath) = self.holder(engine, gateway, config).await?;
         let iface = holder.join(engine, &net).await?;
         if let Some(old) = self.agents.remove(agent) {
-            old.cancel.cancel();
+            // Attached again at once below, which writes the rules: the gateway keeps the agent's state.
+            old.attachment.forget();
         }
         self.reserved.remove(&net.subnet);
-        let cancel = CancellationToken::new();
-        self.agents.insert(
-            agent.clone(),
-            Attachment {
-                net: net.clone(),
-                iface,
-                cancel: cancel.clone(),
-            },
-        );
-        self.apply_rules(&holder, config).await?;
-        listen(&holder, gateway, tunnel, config, agent, &net, cancel)
+        let link = AgentAttachment {
+            iface,
+            gateway_addr: net.gateway_addr(),
+            subnet: net.subnet,
+        };
+        let mut attachment = datapath.attach(agent, link).await?;
+        if let Some(listener) = attachment.take_tunnel() {
+            let listener =
+                tokio::net::TcpListener::from_std(listener).map_err(|e| Error::io("tunnel listener", e))?;
+            tokio::spawn(Arc::clone(tunnel).serve(agent.clone(), listener, attachment.cancelled()));
+        }
+        self.agents.insert(agent.clone(), Served { net, attachment });
+        Ok(())
     }
 
     /// Stop serving `agent` and take the holder off `net` (its network, also when it was not attached, e.g.
@@ -134,27 +140,38 @@ impl Topology {
     pub(crate) async fn detach(
         &mut self,
         engine: &Engine,
-        gateway: &Gateway,
+        gateway: &Arc<Gateway>,
         config: &DockerConfig,
         agent: &AgentId,
         net: &AgentNetwork,
     ) -> Result<()> {
+        // Also when it is not attached here (before a reconcile): nothing of it may stay served.
         gateway.detach(agent);
-        if let Some(gone) = self.agents.remove(agent) {
-            gone.cancel.cancel();
-        }
+        let gone = self.agents.remove(agent).map(|s| s.attachment);
         self.reserved.remove(&net.subnet);
         hostfw::disallow_bridge(&net.bridge)?;
-        let holder = match self.holder.clone() {
-            Some(h) => h,
+        let (holder, datapath) = match self.holder.clone() {
+            Some((h, datapath)) => (h, Some(datapath)),
             // Not found yet in this process: look for a running one without creating it.
             None => match Holder::find(engine).await? {
-                Some(h) => h,
+                Some(h) => (h, None),
                 None => return self.sync_host_firewall_with(engine, None),
             },
         };
+        // Its rules go before the holder leaves the network.
         if holder.is_current(engine).await? {
-            self.apply_rules(&holder, config).await?;
+            match (gone, datapath) {
+                (Some(a), Some(datapath)) if a.belongs_to(&datapath) => a.close().await?,
+                (gone, Some(_)) => gone.into_iter().for_each(Attachment::forget),
+                // A holder this process has not served yet: the rules of the agents served here (none).
+                (gone, None) => {
+                    gone.into_iter().for_each(Attachment::forget);
+                    Datapath::new(holder.netns(), config.ports, Arc::clone(gateway)).await?;
+                }
+            }
+        } else if let Some(a) = gone {
+            // Attached in a namespace that is gone.
+            a.forget();
         }
         holder.leave(engine, net).await?;
         self.sync_host_firewall_with(engine, None)?;
@@ -188,28 +205,11 @@ impl Topology {
         hostfw::apply_host_table(engine.instance(), &bridges)
     }
 
-    async fn apply_rules(&self, holder: &Holder, config: &DockerConfig) -> Result<()> {
-        let rules = GatewayRules {
-            ports: config.ports,
-            agents: self
-                .agents
-                .values()
-                .map(|a| AgentAttachment {
-                    iface: a.iface.clone(),
-                    gateway_addr: a.net.gateway_addr(),
-                    subnet: a.net.subnet,
-                })
-                .collect(),
-        };
-        rules.apply(&holder.netns()).await?;
-        Ok(())
-    }
-
     /// Whether the holder this topology uses is still the running one (false when it was replaced or is
     /// gone, or none was found yet).
     pub(crate) async fn holder_is_current(&self, engine: &Engine) -> Result<bool> {
         match &self.holder {
-            Some(h) => h.is_current(engine).await,
+            Some((h, _)) => h.is_current(engine).await,
             None => Ok(false),
         }
     }
@@ -221,9 +221,10 @@ impl Topology {
         self.holder = None;
         std::mem::take(&mut self.agents)
             .into_iter()
-            .map(|(agent, a)| {
-                a.cancel.cancel();
-                (agent, a.net)
+            .map(|(agent, served)| {
+                // The namespace is gone: the agent is attached again in the new one.
+                served.attachment.forget();
+                (agent, served.net)
             })
             .collect()
     }
@@ -239,35 +240,13 @@ impl Topology {
     }
 }
 
-/// Bind `agent`'s listeners at its `.2` inside the holder's namespace and serve them.
-fn listen(
-    holder: &Holder,
-    gateway: &Gateway,
-    tunnel: &Arc<TunnelServer>,
-    config: &DockerConfig,
-    agent: &AgentId,
-    net: &AgentNetwork,
-    cancel: CancellationToken,
-) -> Result<()> {
-    let ns = holder.netns();
-    let at = |port| SocketAddr::V4(SocketAddrV4::new(net.gateway_addr(), port));
-    let sockets = AgentSockets {
-        transparent: Some(ns.bind_tcp(at(config.ports.proxy))?),
-        explicit: Some(ns.bind_tcp(at(config.ports.explicit))?),
-        dns: Some((
-            ns.bind_udp(at(config.ports.dns))?,
-            ns.bind_tcp(at(config.ports.dns))?,
-        )),
-    };
-    gateway.attach(agent, sockets)?;
-    if let Some(port) = config.ports.tunnel {
-        let listener = ns.bind_tcp(at(port))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::io("tunnel listener", e))?;
-        let listener =
-            tokio::net::TcpListener::from_std(listener).map_err(|e| Error::io("tunnel listener", e))?;
-        tokio::spawn(Arc::clone(tunnel).serve(agent.clone(), listener, cancel));
+impl Drop for Topology {
+    /// A runtime that goes away leaves the holder's rules as they are: its sandboxes keep running, and the
+    /// next runtime reconciles them (S12). Dropping the attachments would rewrite the rules later, perhaps
+    /// over those of that next runtime.
+    fn drop(&mut self) {
+        for served in std::mem::take(&mut self.agents).into_values() {
+            served.attachment.forget();
+        }
     }
-    Ok(())
 }

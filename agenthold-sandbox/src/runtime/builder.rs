@@ -4,11 +4,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use agenthold_core::policy::{EgressPolicy, PolicyTable};
-use agenthold_core::secret::{SecretInjector, SecretTable, SecretValue};
+use agenthold_core::policy::EgressPolicy;
+use agenthold_core::secret::{SecretInjector, SecretValue};
 use agenthold_core::store::RedbStore;
 use agenthold_core::{AgentId, Config, MasterKey, Sandbox, Store, Vault};
-use agenthold_egress::{CertificateAuthority, Dangerous, Gateway};
+use agenthold_egress::{Dangerous, EgressStack};
 use base64::Engine as _;
 use tokio_util::sync::CancellationToken;
 
@@ -180,29 +180,25 @@ impl RuntimeBuilder {
         let vault = Arc::new(Vault::new(MasterKey::load_from_env_or_file(
             &config.master_key_file()?,
         )?));
-        let ca = Arc::new(CertificateAuthority::load_or_create(&data_dir.join("egress"))?);
-        // The defaults are the tables, behind the same trait objects as custom parts: the runtime asks each
-        // for its table (`table()`) rather than remembering which kind it was given.
-        let policy: Arc<dyn EgressPolicy> = match self.policy {
-            Some(p) => p,
-            None => Arc::new(PolicyTable::new()),
-        };
-        let injector: Arc<dyn SecretInjector> = match self.injector {
-            Some(i) => i,
-            None => Arc::new(
-                SecretTable::new(config.egress.leak_guard).with_on_update(persist_refreshed(&store, &vault)),
-            ),
-        };
-        let mut gateway = Gateway::builder()
-            .config(&config.egress)?
-            .policy(Arc::clone(&policy))
-            .injector(Arc::clone(&injector))
-            .certificate_authority(Arc::clone(&ca))
+        let mut egress = EgressStack::builder(&config.egress, &data_dir)
+            .on_secret_update(persist_refreshed(&store, &vault))
             .dangerous(self.dangerous);
-        if let Some(addr) = self.dns_upstream {
-            gateway = gateway.dns_upstream(addr);
+        if let Some(policy) = self.policy {
+            egress = egress.policy(policy);
         }
-        let gateway = Arc::new(gateway.build()?);
+        if let Some(injector) = self.injector {
+            egress = egress.injector(injector);
+        }
+        if let Some(addr) = self.dns_upstream {
+            egress = egress.dns_upstream(addr);
+        }
+        let EgressStack {
+            gateway,
+            ca,
+            policy,
+            injector,
+            ..
+        } = egress.build()?;
         let tunnel = TunnelServer::with_limits(self.tunnel_limits.unwrap_or_default());
         let cancel = CancellationToken::new();
         let context = SandboxContext {

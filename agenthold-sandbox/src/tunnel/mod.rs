@@ -6,9 +6,9 @@
 //! token's SHA-256 is kept (and persisted, so a restarted runtime accepts running sandboxes again: S12), and
 //! only while the sandbox runs: stopping it forgets the hash, and the next start issues a new token.
 //!
-//! Protocol (line based): `AGENTHOLD-TUNNEL 1 <agent> <64 hex>\n` → `OK\n` | `ERR <reason>\n`; then `PING\n` →
-//! `PONG\n` every few seconds. The tunnel carries identity and liveness; commands and files go through the
-//! engine API.
+//! Protocol (line based, defined once in [`sandboxd::contract::tunnel`]): `AGENTHOLD-TUNNEL 1 <agent> <64 hex>\n`
+//! → `OK\n` | `ERR <reason>\n`; then `PING\n` → `PONG\n` every few seconds. The tunnel carries identity and
+//! liveness; commands and files go through the engine API.
 //!
 //! The listener is reachable by untrusted code (E20): connections are budgeted per agent and in all, with a
 //! reserve per agent ([`TunnelLimits`]), a hello must arrive within a few seconds, every write has a
@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use agenthold_core::AgentId;
+use sandboxd::contract::{token as boot_token, tunnel as wire};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -32,9 +33,12 @@ use budget::{Budget, Refusal, Slot};
 pub use budget::{TunnelCounters, TunnelLimits};
 
 /// Longest hello line accepted.
-const MAX_LINE: usize = 256;
+const MAX_LINE: usize = wire::MAX_LINE;
 /// A tunnel that sends nothing for this long is considered gone.
 const LIVENESS: Duration = Duration::from_secs(30);
+// A live client pings at least once per interval and waits up to the reply timeout: one missed beat is not
+// a lost tunnel.
+const _: () = assert!(LIVENESS.as_secs() > wire::PING_EVERY.as_secs() + wire::REPLY_TIMEOUT.as_secs());
 /// Time a write (`OK`, `ERR`, `PONG`) may take: a peer that does not read is dropped.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause after a failed accept (out of descriptors, …) before the next one.
@@ -43,7 +47,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// A fresh boot token (64 lower-case hex characters) and its SHA-256.
 #[must_use]
 pub fn new_token() -> (String, [u8; 32]) {
-    let mut bytes = [0u8; 32];
+    let mut bytes = [0u8; boot_token::BYTES];
     // A token from a broken generator would be guessable; stopping is better.
     #[allow(clippy::expect_used)]
     getrandom::fill(&mut bytes).expect("operating system random number generator failed");
@@ -207,15 +211,11 @@ impl TunnelServer {
 
     /// Check a hello line; the generation of the accepted tunnel, or why it is refused.
     fn authenticate(&self, agent: &AgentId, line: &str) -> Result<u64, Refusal> {
-        let mut words = line.split_ascii_whitespace();
-        if words.next() != Some("AGENTHOLD-TUNNEL") || words.next() != Some("1") {
-            return Err(Refusal::BadHello);
-        }
-        if words.next() != Some(agent.as_str()) {
+        let hello = wire::parse_hello(line).map_err(|_| Refusal::BadHello)?;
+        if hello.agent != agent.as_str() {
             return Err(Refusal::WrongAgent);
         }
-        let token = words.next().ok_or(Refusal::BadHello)?;
-        let presented = token_hash(token);
+        let presented = token_hash(hello.token);
         let mut agents = self.lock();
         let t = agents.get_mut(agent).ok_or(Refusal::UnknownAgent)?;
         let expected = t.token_hash.ok_or(Refusal::NotRunning)?;
@@ -256,20 +256,20 @@ impl TunnelServer {
             Err(why) => {
                 self.budget.refused(agent, why);
                 if !matches!(why, Refusal::HelloTimeout) {
-                    let _ = send(&mut write, format!("ERR {}\n", why.as_str()).as_bytes()).await;
+                    let _ = send(&mut write, wire::err(why.as_str()).as_bytes()).await;
                 }
                 return;
             }
         };
         self.budget.authenticated(agent);
         tracing::debug!(agent = %agent, "tunnel up");
-        if !send(&mut write, b"OK\n").await {
+        if !send(&mut write, wire::line(wire::OK).as_bytes()).await {
             return;
         }
         loop {
             line.clear();
             match tokio::time::timeout(LIVENESS, (&mut reader).take(limit).read_line(&mut line)).await {
-                Ok(Ok(n)) if n > 0 && n <= MAX_LINE && line.trim_end() == "PING" => {}
+                Ok(Ok(n)) if n > 0 && n <= MAX_LINE && line.trim_end() == wire::PING => {}
                 _ => break,
             }
             {
@@ -282,7 +282,7 @@ impl TunnelServer {
                     _ => break,
                 }
             }
-            if !send(&mut write, b"PONG\n").await {
+            if !send(&mut write, wire::line(wire::PONG).as_bytes()).await {
                 break;
             }
         }

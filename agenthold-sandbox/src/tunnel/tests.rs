@@ -76,7 +76,7 @@ async fn a_flood_is_bounded_and_quiet_and_never_starves_another_agent() {
         for _ in 0..10 {
             if let Ok(mut s) = TcpStream::connect(addr).await {
                 let _ = s
-                    .write_all(format!("AGENTHOLD-TUNNEL 1 {agent} {}\n", "0".repeat(64)).as_bytes())
+                    .write_all(wire::hello(agent.as_str(), &"0".repeat(64)).as_bytes())
                     .await;
                 bogus += 1;
             }
@@ -90,7 +90,7 @@ async fn a_flood_is_bounded_and_quiet_and_never_starves_another_agent() {
     server.expect(&victim, hash);
     let addr = listen(&server, &victim, &cancel).await;
     let started = Instant::now();
-    let (answer, mut live) = hello(addr, &format!("AGENTHOLD-TUNNEL 1 victim {token}\n")).await;
+    let (answer, mut live) = hello(addr, &wire::hello("victim", &token)).await;
     assert_eq!(answer, "OK\n", "the victim's tunnel is refused during the flood");
     assert!(
         started.elapsed() < Duration::from_secs(2),
@@ -143,14 +143,14 @@ async fn accepts_only_the_current_token_of_the_listener_agent() {
     tokio::spawn(Arc::clone(&server).serve(agent.clone(), listener, cancel.clone()));
     let (token, hash) = new_token();
     assert_eq!(token.len(), 64);
-    let (answer, _) = hello(addr, &format!("AGENTHOLD-TUNNEL 1 a {token}\n")).await;
+    let (answer, _) = hello(addr, &wire::hello("a", &token)).await;
     assert_eq!(answer, "ERR unknown agent\n");
     server.expect(&agent, hash);
-    let (answer, _) = hello(addr, &format!("AGENTHOLD-TUNNEL 1 b {token}\n")).await;
+    let (answer, _) = hello(addr, &wire::hello("b", &token)).await;
     assert_eq!(answer, "ERR wrong agent\n");
-    let (answer, _) = hello(addr, &format!("AGENTHOLD-TUNNEL 1 a {}\n", new_token().0)).await;
+    let (answer, _) = hello(addr, &wire::hello("a", &new_token().0)).await;
     assert_eq!(answer, "ERR bad token\n");
-    let (answer, mut live) = hello(addr, &format!("AGENTHOLD-TUNNEL 1 a {token}\n")).await;
+    let (answer, mut live) = hello(addr, &wire::hello("a", &token)).await;
     assert_eq!(answer, "OK\n");
     assert_eq!(server.status(&agent), TunnelStatus::Connected);
     live.write_all(b"PING\n").await.unwrap();
@@ -159,7 +159,7 @@ async fn accepts_only_the_current_token_of_the_listener_agent() {
     assert_eq!(&buf[..n], b"PONG\n");
     server.revoke(&agent);
     assert_eq!(server.status(&agent), TunnelStatus::Disconnected);
-    let (answer, _) = hello(addr, &format!("AGENTHOLD-TUNNEL 1 a {token}\n")).await;
+    let (answer, _) = hello(addr, &wire::hello("a", &token)).await;
     assert_eq!(answer, "ERR sandbox not running\n");
     cancel.cancel();
 }
@@ -249,7 +249,7 @@ async fn the_reserve_lets_every_agent_in_when_the_shared_pool_is_used_up() {
     let (token, hash) = new_token();
     server.expect(&victim, hash);
     let addr = listen(&server, &victim, &cancel).await;
-    let (answer, _live) = hello(addr, &format!("AGENTHOLD-TUNNEL 1 victim {token}\n")).await;
+    let (answer, _live) = hello(addr, &wire::hello("victim", &token)).await;
     assert_eq!(answer, "OK\n");
     assert_eq!(server.agent_counters(&victim).authenticated, 1);
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use agenthold_core::sandbox::ExecRequest;
 use agenthold_core::{AgentId, SandboxSpec};
+use sandboxd::contract::SANDBOXD;
 
 use crate::probe::{CANARY_BANNER, Canary, Outcome, Probe, host_addresses, primary_v4};
 use crate::support::*;
@@ -115,7 +116,7 @@ async fn nothing_but_the_gateway_answers_a_sandbox() {
             probes.push(Probe::udp(&target, canary.udp_port));
             probes.push(Probe::icmp(&target));
         }
-        let tunnel_hello = format!("AGENTHOLD-TUNNEL 1 {b} {}\n", "0".repeat(64));
+        let tunnel_hello = sandboxd::contract::tunnel::hello(b.as_str(), &"0".repeat(64));
         let via_b = "GET http://allowed.test/via-b HTTP/1.1\r\nHost: allowed.test\r\n\r\n";
         for port in [8000, 8443, 22, 80] {
             probes.push(Probe::tcp(b_ip, port, "hello\n"));
@@ -366,9 +367,7 @@ attempt("spoof-tcp", freebind_tcp)
                 .all(|m| !m.source.as_deref().unwrap_or_default().contains("docker.sock")),
             "{mounts:?}"
         );
-        let sandboxd = mounts
-            .iter()
-            .find(|m| m.destination.as_deref() == Some("/.agenthold/bin/sandboxd"));
+        let sandboxd = mounts.iter().find(|m| m.destination.as_deref() == Some(SANDBOXD));
         assert_eq!(
             sandboxd.and_then(|m| m.rw),
             Some(false),
@@ -377,8 +376,10 @@ attempt("spoof-tcp", freebind_tcp)
         let out = env
             .sh(
                 &a,
-                "ls /var/run/docker.sock /run/docker.sock; \
-                 grep ' /.agenthold/bin/sandboxd ' /proc/self/mountinfo",
+                &format!(
+                    "ls /var/run/docker.sock /run/docker.sock; \
+                     grep ' {SANDBOXD} ' /proc/self/mountinfo"
+                ),
             )
             .await;
         assert!(
@@ -386,7 +387,7 @@ attempt("spoof-tcp", freebind_tcp)
             "no Docker socket:\n{out}"
         );
         assert!(
-            out.stdout.contains("/.agenthold/bin/sandboxd ro,"),
+            out.stdout.contains(&format!("{SANDBOXD} ro,")),
             "sandboxd read-only inside:\n{out}"
         );
     })

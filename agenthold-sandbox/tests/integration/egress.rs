@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
+use agenthold_egress::datapath::{EnvValue, SANDBOX_ENV};
 use agenthold_egress::log::{Decision, LogKind};
 use agenthold_sandbox::tunnel::TunnelStatus;
 use agenthold_testsupport::UPSTREAM_MARKER;
+use sandboxd::contract;
 
 use crate::probe::{host_addresses, primary_v4};
 use crate::support::*;
@@ -282,8 +284,9 @@ async fn secrets_are_placeholders_inside_and_the_ca_is_trusted_once() {
             .sh(
                 &agent,
                 &format!(
-                    "grep -rlsE '{SECRET_REGEX}' /etc /root /tmp /workspace /.agenthold /var /run /opt; \
-                     grep -lsE '{SECRET_REGEX}' /proc/[0-9]*/environ /proc/[0-9]*/cmdline; echo done"
+                    "grep -rlsE '{SECRET_REGEX}' /etc /root /tmp /workspace {} /var /run /opt; \
+                     grep -lsE '{SECRET_REGEX}' /proc/[0-9]*/environ /proc/[0-9]*/cmdline; echo done",
+                    contract::DIR
                 ),
             )
             .await;
@@ -378,35 +381,29 @@ async fn check_ca(env: &Env, agent: &agenthold_core::AgentId, ca: &str) {
         .sh(agent, "env | sort | grep -E '_CA_|CAINFO|SSL_CERT_FILE'")
         .await
         .ok();
-    for var in [
-        "SSL_CERT_FILE",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "GIT_SSL_CAINFO",
-        "AWS_CA_BUNDLE",
-    ] {
-        assert!(
-            out.stdout.contains(&format!("{var}=/.agenthold/ca-bundle.pem")),
-            "{var}:\n{out}"
-        );
+    // The variables that replace a trust store name the bundle; Node's, which adds to it, the CA alone.
+    for (var, value) in SANDBOX_ENV {
+        let file = match value {
+            EnvValue::CaBundle => contract::CA_BUNDLE,
+            EnvValue::CaCert => contract::CA_FILE,
+            EnvValue::Proxy | EnvValue::NoProxy => continue,
+        };
+        assert!(out.stdout.contains(&format!("{var}={file}\n")), "{var}:\n{out}");
     }
-    assert!(
-        out.stdout.contains("NODE_EXTRA_CA_CERTS=/.agenthold/ca.crt"),
-        "{out}"
-    );
     let key_line = ca.lines().nth(1).expect("a PEM body");
     let out = env
         .sh(
             agent,
             &format!(
                 "cd /usr/local/share/ca-certificates; \
-                 for f in /.agenthold/ca-bundle.pem /etc/ssl/certs/ca-certificates.crt agenthold.crt; \
-                 do echo \"$f $(grep -c -F '{key_line}' $f)\"; done"
+                 for f in {} /etc/ssl/certs/ca-certificates.crt agenthold.crt; \
+                 do echo \"$f $(grep -c -F '{key_line}' $f)\"; done",
+                contract::CA_BUNDLE
             ),
         )
         .await;
     for file in [
-        "/.agenthold/ca-bundle.pem 1",
+        &format!("{} 1", contract::CA_BUNDLE),
         "/etc/ssl/certs/ca-certificates.crt 1",
         "agenthold.crt 1",
     ] {
@@ -416,12 +413,12 @@ async fn check_ca(env: &Env, agent: &agenthold_core::AgentId, ca: &str) {
         );
     }
     let stdin_check = agenthold_core::sandbox::ExecRequest {
-        argv: vec!["cmp".into(), "/.agenthold/ca.crt".into(), "-".into()],
+        argv: vec!["cmp".into(), contract::CA_FILE.into(), "-".into()],
         stdin: Some(ca.as_bytes().to_vec()),
         ..Default::default()
     };
     let same = env.runtime.exec_request(agent, stdin_check).await.unwrap();
-    assert_eq!(same.exit_code, 0, "/.agenthold/ca.crt is not the runtime's CA");
+    assert_eq!(same.exit_code, 0, "{} is not the runtime's CA", contract::CA_FILE);
     let out = env
         .sh(
             agent,

@@ -63,6 +63,8 @@ use nix::unistd::{Gid, Pid, Uid, setgid, setgroups, setuid};
 
 /// Where the CA bundle is inside the jail (on its private `/run`, readable by any user).
 pub(crate) const JAIL_CA_BUNDLE: &str = "/run/agenthold/ca-bundle.pem";
+/// Where the gateway's CA alone is inside the jail (beside the bundle; for `NODE_EXTRA_CA_CERTS`).
+pub(crate) const JAIL_CA_CERT: &str = "/run/agenthold/ca.crt";
 
 /// Everything the jail needs, passed on the hidden command line.
 #[derive(Debug, Clone, clap::Args)]
@@ -77,6 +79,9 @@ pub(crate) struct JailArgs {
     /// trust store, read-only.
     #[arg(long)]
     ca_bundle: Option<PathBuf>,
+    /// The gateway's CA alone: copied beside the bundle, for clients that add it to their own roots.
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
     /// An empty directory where stage 1 builds the jail's root (stage 2 pivots into it).
     #[arg(long)]
     root: PathBuf,

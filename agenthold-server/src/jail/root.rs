@@ -18,7 +18,7 @@ use super::fs::{
     read_only_tree, remount_read_only, tmpfs,
 };
 use super::view::SYSTEM;
-use super::{JAIL_CA_BUNDLE, JailArgs};
+use super::{JAIL_CA_BUNDLE, JAIL_CA_CERT, JailArgs};
 
 /// Parts of `/sys` a capability-less root could still use through a read-only mount (pinned BPF maps
 /// open by their file mode) or has no business reading: covered.
@@ -144,10 +144,11 @@ fn private_places(root: &Path, args: &JailArgs) -> Result<()> {
     let run = root.join("run");
     tmpfs(&run, "mode=0755,size=16m")?;
     make_dir(&run.join("lock"), 0o1777)?;
-    if let Some(bundle) = &args.ca_bundle {
-        let target = inside(root, Path::new(JAIL_CA_BUNDLE));
-        make_dir(target.parent().context("bundle directory")?, 0o755)?;
-        std::fs::copy(bundle, &target).with_context(|| format!("copy {}", bundle.display()))?;
+    for (file, at) in [(&args.ca_bundle, JAIL_CA_BUNDLE), (&args.ca_cert, JAIL_CA_CERT)] {
+        let Some(file) = file else { continue };
+        let target = inside(root, Path::new(at));
+        make_dir(target.parent().context("CA directory")?, 0o755)?;
+        std::fs::copy(file, &target).with_context(|| format!("copy {}", file.display()))?;
     }
     for (dir, mode) in [("tmp", 0o1777), ("var/tmp", 0o1777)] {
         let target = root.join(dir);

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use agenthold_core::sandbox::{ContainerSpec, ExecChunk, ExecRequest, ExecStream, SandboxInfo, SandboxState};
 use agenthold_core::secret::{SecretRule, SecretSpec};
 use agenthold_core::{AgentId, ErrorKind, NetworkPolicy, PolicyMode, Sandbox, SandboxSpec};
+use agenthold_egress::datapath::{CaPaths, sandbox_env_via};
 use agenthold_egress::gateway::AgentSockets;
 use agenthold_egress::{Dangerous, Gateway};
 use agenthold_sandbox::Runtime;
@@ -66,6 +67,9 @@ fn not_found(agent: &AgentId) -> agenthold_core::Error {
         id: agent.to_string(),
     }
 }
+
+/// Where Debian keeps the host's trusted roots.
+const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 fn io(context: String, e: std::io::Error) -> agenthold_core::Error {
     agenthold_core::Error::backend(ErrorKind::Upstream, context, e)
@@ -120,6 +124,10 @@ impl Sandbox for ProcessSandbox {
         let ca_dir = dir.join(".agenthold");
         std::fs::create_dir_all(&ca_dir).map_err(|e| io(format!("create {}", ca_dir.display()), e))?;
         std::fs::write(ca_dir.join("ca.crt"), &self.ca_pem).map_err(|e| io("write the CA".into(), e))?;
+        // The bundle: the host's roots (for hosts spliced untouched) and the CA (for intercepted ones).
+        let mut bundle = std::fs::read(SYSTEM_BUNDLE).unwrap_or_default();
+        bundle.extend_from_slice(self.ca_pem.as_bytes());
+        std::fs::write(ca_dir.join("bundle.pem"), bundle).map_err(|e| io("write the CA bundle".into(), e))?;
         let proxy = self.attach(agent)?;
         self.agents().insert(
             agent.clone(),
@@ -194,8 +202,13 @@ impl Sandbox for ProcessSandbox {
             })?;
             (a.spec.env().clone(), a.dir.clone(), proxy)
         };
-        let proxy = format!("http://{proxy}");
-        let ca = dir.join(".agenthold/ca.crt");
+        // The one sandbox environment (proxy and CA variables), pointed at this agent's listener.
+        let ca_dir = dir.join(".agenthold");
+        let ca = CaPaths::new(
+            ca_dir.join("ca.crt").to_string_lossy(),
+            ca_dir.join("bundle.pem").to_string_lossy(),
+        );
+        let datapath_env = sandbox_env_via(proxy, &ca);
         let mut command = tokio::process::Command::new(program);
         command
             .args(args)
@@ -203,8 +216,7 @@ impl Sandbox for ProcessSandbox {
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("HOME", &dir)
-            .envs(["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"].map(|k| (k, &proxy)))
-            .envs(["SSL_CERT_FILE", "CURL_CA_BUNDLE"].map(|k| (k, &ca)))
+            .envs(&datapath_env)
             .envs(&spec_env)
             .envs(&request.env)
             .stdin(if request.stdin.is_some() {

@@ -5,6 +5,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use sandboxd::contract::{BOOT_FILE, CA_BUNDLE, CA_FILE, RUN_DIR};
 
 use crate::{Guard, Root, TOKEN, children_of, eventually};
 
@@ -14,8 +15,8 @@ const CA: &str = "-----BEGIN CERTIFICATE-----\nQUdFTlRIT0xEQ0E=\n-----END CERTIF
 /// A root prepared as the runtime leaves it before a start: boot token, CA and a Debian-like trust store.
 fn prepared_root() -> Root {
     let root = Root::new();
-    root.write("/.agenthold/boot", TOKEN);
-    root.write("/.agenthold/ca.crt", CA);
+    root.write(BOOT_FILE, TOKEN);
+    root.write(CA_FILE, CA);
     root.write("/etc/ssl/certs/ca-certificates.crt", SYSTEM_ROOTS);
     std::fs::create_dir_all(root.path("/usr/local/share/ca-certificates")).unwrap();
     root
@@ -38,7 +39,7 @@ fn boot(root: &Root, args: &[&str]) -> (i32, String) {
 #[test]
 fn token_is_read_and_deleted_before_the_workload_starts() {
     let root = prepared_root();
-    let boot_file = root.path("/.agenthold/boot");
+    let boot_file = root.path(BOOT_FILE);
     let check = format!("test -e {} && exit 1; exit 5", boot_file.display());
     let (code, stderr) = boot(&root, &["--", "sh", "-c", &check]);
     assert_eq!(code, 5, "{stderr}");
@@ -49,7 +50,7 @@ fn token_is_read_and_deleted_before_the_workload_starts() {
 #[test]
 fn missing_or_malformed_token_fails_the_boot() {
     let root = prepared_root();
-    std::fs::remove_file(root.path("/.agenthold/boot")).unwrap();
+    std::fs::remove_file(root.path(BOOT_FILE)).unwrap();
     let out = root
         .sandboxd(&["boot", "--", "true"])
         .env("AGENTHOLD_BOOT_WAIT_MS", "200")
@@ -59,30 +60,27 @@ fn missing_or_malformed_token_fails_the_boot() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no boot token"));
 
-    root.write("/.agenthold/boot", "NOT A TOKEN");
+    root.write(BOOT_FILE, "NOT A TOKEN");
     let (code, stderr) = boot(&root, &["--", "true"]);
     assert_eq!(code, 1);
     assert!(
         stderr.contains("malformed") && !stderr.contains("NOT A TOKEN"),
         "{stderr}"
     );
-    assert!(
-        !root.path("/.agenthold/boot").exists(),
-        "a bad token file is deleted too"
-    );
+    assert!(!root.path(BOOT_FILE).exists(), "a bad token file is deleted too");
 }
 
 #[test]
 fn boot_waits_for_a_late_token() {
     let root = prepared_root();
-    std::fs::remove_file(root.path("/.agenthold/boot")).unwrap();
+    std::fs::remove_file(root.path(BOOT_FILE)).unwrap();
     let mut booting = Guard::spawn(root.sandboxd(&["boot", "--", "true"]).stdin(Stdio::null()));
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         booting.0.try_wait().unwrap().is_none(),
         "still waiting for the token"
     );
-    root.write("/.agenthold/boot", TOKEN);
+    root.write(BOOT_FILE, TOKEN);
     assert_eq!(booting.wait_for(Duration::from_secs(10)).code(), Some(0));
 }
 
@@ -90,15 +88,12 @@ fn boot_waits_for_a_late_token() {
 fn ca_bundle_is_built_and_the_ca_appended_once() {
     let root = prepared_root();
     for _ in 0..2 {
-        root.write("/.agenthold/boot", TOKEN);
+        root.write(BOOT_FILE, TOKEN);
         let (code, stderr) = boot(&root, &["--", "true"]);
         assert_eq!(code, 0, "{stderr}");
         assert!(!stderr.contains("CA:"), "{stderr}");
     }
-    assert_eq!(
-        root.read("/.agenthold/ca-bundle.pem"),
-        format!("{SYSTEM_ROOTS}{CA}")
-    );
+    assert_eq!(root.read(CA_BUNDLE), format!("{SYSTEM_ROOTS}{CA}"));
     let system = root.read("/etc/ssl/certs/ca-certificates.crt");
     assert!(system.starts_with(SYSTEM_ROOTS));
     assert_eq!(system.matches("QUdFTlRIT0xEQ0E=").count(), 1, "{system}");
@@ -108,7 +103,7 @@ fn ca_bundle_is_built_and_the_ca_appended_once() {
 #[test]
 fn ca_problems_do_not_stop_the_boot() {
     let root = Root::new();
-    root.write("/.agenthold/boot", TOKEN);
+    root.write(BOOT_FILE, TOKEN);
     let (code, stderr) = boot(&root, &["--", "sh", "-c", "exit 4"]);
     assert_eq!(code, 4);
     assert!(stderr.contains("ca.crt"), "{stderr}");
@@ -118,9 +113,9 @@ fn ca_problems_do_not_stop_the_boot() {
 fn workload_exit_status_passes_through() {
     let root = prepared_root();
     assert_eq!(boot(&root, &["--", "sh", "-c", "exit 9"]).0, 9);
-    root.write("/.agenthold/boot", TOKEN);
+    root.write(BOOT_FILE, TOKEN);
     assert_eq!(boot(&root, &["--", "sh", "-c", "kill -KILL $$"]).0, 137);
-    root.write("/.agenthold/boot", TOKEN);
+    root.write(BOOT_FILE, TOKEN);
     assert_eq!(boot(&root, &["--", "/nonexistent/workload"]).0, 127);
 }
 
@@ -152,7 +147,7 @@ fn without_a_workload_boot_waits_for_sigterm() {
     let root = prepared_root();
     let mut booted = Guard::spawn(root.sandboxd(&["boot"]).stdin(Stdio::null()));
     eventually(Duration::from_secs(10), "the token to be taken", || {
-        !root.path("/.agenthold/boot").exists()
+        !root.path(BOOT_FILE).exists()
     });
     booted.signal(Signal::SIGHUP);
     std::thread::sleep(Duration::from_millis(200));
@@ -188,11 +183,12 @@ fn orphans_are_adopted_and_reaped() {
 #[test]
 fn stale_run_records_are_cleared_at_boot() {
     let root = prepared_root();
-    root.write("/.agenthold/run/old.pid", "4242\n");
-    root.write("/.agenthold/run/old.cancel", "");
+    let (old_pid, old_cancel) = (format!("{RUN_DIR}/old.pid"), format!("{RUN_DIR}/old.cancel"));
+    root.write(&old_pid, "4242\n");
+    root.write(&old_cancel, "");
     assert_eq!(boot(&root, &["--", "true"]).0, 0);
-    assert!(!root.path("/.agenthold/run/old.pid").exists());
-    assert!(!root.path("/.agenthold/run/old.cancel").exists());
+    assert!(!root.path(&old_pid).exists());
+    assert!(!root.path(&old_cancel).exists());
 }
 
 #[test]

@@ -5,12 +5,13 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use sandboxd::contract::{self, BOOT_FILE, CA_BUNDLE, CA_FILE, SANDBOXD};
+
 use crate::TOKEN;
 
 /// The image the runtime's dev sandboxes use (Debian with a shell and ca-certificates).
 const IMAGE: &str = "agenthold/dev:latest";
 const CA: &str = "-----BEGIN CERTIFICATE-----\nQUdFTlRIT0xEQ0E=\n-----END CERTIFICATE-----\n";
-const SANDBOXD: &str = "/.agenthold/bin/sandboxd";
 
 /// Runs `docker ARGS...` and returns its output.
 fn docker(args: &[&str]) -> Output {
@@ -40,10 +41,10 @@ impl Drop for Container {
 impl Container {
     /// Copies the boot token and the CA in (as the runtime does before every start) and starts the container.
     fn start(&self, dir: &std::path::Path) {
-        let staging = dir.join(".agenthold");
+        let staging = dir.join(contract::relative(contract::DIR));
         std::fs::create_dir_all(&staging).unwrap();
-        std::fs::write(staging.join("boot"), TOKEN).unwrap();
-        std::fs::write(staging.join("ca.crt"), CA).unwrap();
+        std::fs::write(dir.join(contract::relative(BOOT_FILE)), TOKEN).unwrap();
+        std::fs::write(dir.join(contract::relative(CA_FILE)), CA).unwrap();
         // Copying the directory works before the first start, when /.agenthold does not exist yet.
         docker_ok(&["cp", staging.to_str().unwrap(), &format!("{}:/", self.0)]);
         docker_ok(&["start", &self.0]);
@@ -92,7 +93,7 @@ fn boot_as_pid_1_in_a_container() {
     let ctr = Container(name);
     ctr.start(dir.path());
 
-    let (code, _) = ctr.run(&["test", "-e", "/.agenthold/boot"]);
+    let (code, _) = ctr.run(&["test", "-e", BOOT_FILE]);
     assert_eq!(code, 1, "the boot file is deleted");
     assert_eq!(ctr.run(&["sh", "-c", "exit 7"]).0, 7);
     let (code, _) = ctr.run(&["sh", "-c", "cat /proc/1/environ > /dev/null 2>&1"]);
@@ -162,7 +163,7 @@ fn boot_as_pid_1_in_a_container() {
         "/etc/ssl/certs/ca-certificates.crt",
     ]);
     assert_eq!((code, out.trim()), (0, "1"));
-    let (code, out) = ctr.run(&["grep", "-c", "BEGIN CERTIFICATE", "/.agenthold/ca-bundle.pem"]);
+    let (code, out) = ctr.run(&["grep", "-c", "BEGIN CERTIFICATE", CA_BUNDLE]);
     assert_eq!(code, 0);
     assert!(
         out.trim().parse::<u32>().unwrap() > 100,

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
+use sandboxd::contract;
 
 /// A token as the runtime writes it.
 pub(crate) const TOKEN: &str = "5f2b8c0e9a7d4163b1e0c2d4f6a8b0c1d3e5f7a9b1c3d5e7f9a1b3c5d7e9f0a2";
@@ -29,7 +30,7 @@ impl Root {
     /// An empty root with `/.agenthold` in it.
     pub(crate) fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join(".agenthold")).unwrap();
+        std::fs::create_dir_all(dir.path().join(&contract::DIR[1..])).unwrap();
         Self { dir }
     }
 
@@ -56,8 +57,8 @@ impl Root {
         cmd.arg("--root").arg(self.dir.path()).args(args);
         // Never inherit a tunnel address from the environment running the tests; keep expected messages out of
         // the test output (tests that look at stderr capture it).
-        cmd.env_remove("AGENTHOLD_TUNNEL")
-            .env_remove("AGENTHOLD_AGENT")
+        cmd.env_remove(contract::ENV_TUNNEL)
+            .env_remove(contract::ENV_AGENT)
             .stderr(std::process::Stdio::null());
         cmd
     }

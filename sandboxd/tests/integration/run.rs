@@ -6,6 +6,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
+use sandboxd::contract::RUN_DIR;
 
 use crate::{Guard, Root, alive, eventually, read_pid};
 
@@ -100,10 +101,10 @@ fn pid_file_records_the_group_and_kill_cancels() {
         root.sandboxd(&["run", "--id", "exec-1", "--", "sh", "-c", &script])
             .stdin(Stdio::null()),
     );
-    let pid_file = root.path("/.agenthold/run/exec-1.pid");
+    let pid_file = root.path(&format!("{RUN_DIR}/exec-1.pid"));
     let pgid = read_pid(&pid_file);
     let bg = read_pid(&bg);
-    let mode = std::fs::metadata(root.path("/.agenthold/run"))
+    let mode = std::fs::metadata(root.path(RUN_DIR))
         .unwrap()
         .permissions()
         .mode();
@@ -149,7 +150,7 @@ fn kill_before_run_records_cancels_the_run() {
     let (code, _) = run(&root, &["--id", "early", "--", "touch", marker.to_str().unwrap()]);
     assert_eq!(code, 137);
     assert!(!marker.exists(), "a cancelled command never starts");
-    assert!(!root.path("/.agenthold/run/early.cancel").exists());
+    assert!(!root.path(&format!("{RUN_DIR}/early.cancel")).exists());
     // The marker is consumed: the next run with that id runs.
     assert_eq!(run(&root, &["--id", "early", "--", "true"]).0, 0);
 }
@@ -157,7 +158,7 @@ fn kill_before_run_records_cancels_the_run() {
 #[test]
 fn kill_refuses_a_bogus_record() {
     let root = Root::new();
-    root.write("/.agenthold/run/bogus.pid", "1\n");
+    root.write(&format!("{RUN_DIR}/bogus.pid"), "1\n");
     assert_eq!(
         root.sandboxd(&["kill", "--id", "bogus"]).status().unwrap().code(),
         Some(1)

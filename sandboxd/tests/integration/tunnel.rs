@@ -6,22 +6,23 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
+use sandboxd::contract::{BOOT_FILE, ENV_AGENT, ENV_TUNNEL};
 
 use crate::{Guard, Root, TOKEN};
 
 /// The hello line the runtime must receive.
 fn expected_hello() -> String {
-    format!("AGENTHOLD-TUNNEL 1 agent-7 {TOKEN}\n")
+    sandboxd::contract::tunnel::hello("agent-7", TOKEN)
 }
 
 /// A tunnel server socket on loopback and a booted sandboxd pointed at it (no workload).
 fn boot_against_server(extra_env: &[(&str, &str)]) -> (TcpListener, Guard, Root) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let root = Root::new();
-    root.write("/.agenthold/boot", TOKEN);
+    root.write(BOOT_FILE, TOKEN);
     let mut cmd = root.sandboxd(&["boot"]);
-    cmd.env("AGENTHOLD_TUNNEL", listener.local_addr().unwrap().to_string())
-        .env("AGENTHOLD_AGENT", "agent-7")
+    cmd.env(ENV_TUNNEL, listener.local_addr().unwrap().to_string())
+        .env(ENV_AGENT, "agent-7")
         .env("AGENTHOLD_TUNNEL_PING_MS", "50")
         .env("AGENTHOLD_TUNNEL_TIMEOUT_MS", "300")
         .env("AGENTHOLD_TUNNEL_BACKOFF_MS", "20")
@@ -140,11 +141,11 @@ fn unreachable_server_is_retried_with_backoff() {
     let addr = listener.local_addr().unwrap();
     drop(listener);
     let root = Root::new();
-    root.write("/.agenthold/boot", TOKEN);
+    root.write(BOOT_FILE, TOKEN);
     let guard = Guard::spawn(
         root.sandboxd(&["boot"])
-            .env("AGENTHOLD_TUNNEL", addr.to_string())
-            .env("AGENTHOLD_AGENT", "agent-7")
+            .env(ENV_TUNNEL, addr.to_string())
+            .env(ENV_AGENT, "agent-7")
             .env("AGENTHOLD_TUNNEL_BACKOFF_MS", "20")
             .env("AGENTHOLD_TUNNEL_BACKOFF_MAX_MS", "80")
             .stdin(Stdio::null())
@@ -162,11 +163,11 @@ fn unreachable_server_is_retried_with_backoff() {
 #[test]
 fn bad_tunnel_address_does_not_stop_the_workload() {
     let root = Root::new();
-    root.write("/.agenthold/boot", TOKEN);
+    root.write(BOOT_FILE, TOKEN);
     let out = root
         .sandboxd(&["boot", "--", "sh", "-c", "exit 6"])
-        .env("AGENTHOLD_TUNNEL", "gateway.invalid:15003")
-        .env("AGENTHOLD_AGENT", "agent-7")
+        .env(ENV_TUNNEL, "gateway.invalid:15003")
+        .env(ENV_AGENT, "agent-7")
         .stderr(Stdio::piped())
         .output()
         .unwrap();

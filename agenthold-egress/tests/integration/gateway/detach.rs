@@ -93,7 +93,7 @@ async fn detach_closes_open_connections_and_refuses_new_ones() {
     );
 
     // Attached again (a reconcile), on fresh sockets: served again, DNS included.
-    h.reattach(0);
+    h.reattach(0).await;
     h.curl(0, &["https://api.test/reattached"]).await.echo();
     h.close().await;
 }

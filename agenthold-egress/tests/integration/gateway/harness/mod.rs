@@ -1,7 +1,7 @@
-//! A real gateway in a `TestNet`: hardened gateway namespace, the real nftables ruleset, each agent's
-//! listeners bound at its `.2` inside the gateway namespace, a `PolicyTable`, `TestDns` as the DNS upstream
-//! and echo upstreams on loopback reached through `Dangerous::connect_to` (never by switching the address
-//! guard off).
+//! A real gateway in a `TestNet`, served the way every deployment serves one: through a `Datapath` (hardened
+//! gateway namespace, the real nftables ruleset, each agent's listeners bound at its `.2` inside the gateway
+//! namespace), with a `PolicyTable`, `TestDns` as the DNS upstream and echo upstreams on loopback reached
+//! through `Dangerous::connect_to` (never by switching the address guard off).
 //!
 //! Clients run inside a sandbox namespace with `nsenter --net` plus a private mount namespace in which the
 //! sandbox's own `resolv.conf` (`nameserver <.2>`, what Docker's `--dns .2` writes) is bind-mounted over
@@ -26,18 +26,18 @@ mod sandbox;
 mod upstreams;
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agenthold_core::AgentId;
 use agenthold_core::config::EgressConfig;
 use agenthold_core::policy::{NetworkPolicy, PolicyMode, PolicyTable};
 use agenthold_egress::log::{LogEntry, LogKind, Phase};
-use agenthold_egress::nft::{self, GatewayRules, Ports};
-use agenthold_egress::{AgentSockets, Dangerous, Gateway, Limits, Timeouts};
+use agenthold_egress::nft::Ports;
+use agenthold_egress::{Attachment, Dangerous, Datapath, Gateway, Limits, Timeouts};
 use agenthold_testsupport::{EchoServer, TestAgent, TestCa, TestDns, TestNet, init_tracing, require_root};
 
 pub(crate) use host::{HostNs, IFACE as HOST_IFACE, OWN_V4, OWN_V6, OWN_V6_NEIGHBOUR};
@@ -177,7 +177,10 @@ pub(crate) fn allow(entries: &[&str]) -> NetworkPolicy {
 /// The gateway under test with its network, upstreams and clients.
 pub(crate) struct Harness {
     pub(crate) net: TestNet,
-    pub(crate) gateway: Gateway,
+    pub(crate) gateway: Arc<Gateway>,
+    datapath: Datapath,
+    /// Each agent's attachment (`None` while a test has it detached).
+    attached: Mutex<Vec<Option<Attachment>>>,
     pub(crate) policy: Arc<PolicyTable>,
     pub(crate) dns: TestDns,
     pub(crate) config: EgressConfig,
@@ -273,21 +276,14 @@ impl Harness {
         if let Some(limits) = setup.limits {
             builder = builder.limits(limits);
         }
-        let gateway = builder.build().unwrap();
+        let gateway = Arc::new(builder.build().unwrap());
 
         let net = TestNet::with_agents(setup.agents);
-        let ports = Ports {
-            proxy: config.proxy_port,
-            explicit: config.explicit_port,
-            dns: config.dns_port,
-            tunnel: Some(config.tunnel_port),
-        };
-        nft::harden(net.gateway()).unwrap();
-        GatewayRules {
-            ports,
-            agents: net.attachments(),
-        }
-        .apply(net.gateway())
+        let datapath = Datapath::new(
+            net.gateway().clone(),
+            Ports::from_config(&config),
+            Arc::clone(&gateway),
+        )
         .await
         .unwrap();
 
@@ -302,6 +298,7 @@ impl Harness {
         std::fs::write(dir.0.join("ca.pem"), ca.pem()).unwrap();
 
         let mut ids = Vec::new();
+        let mut attached = Vec::new();
         for (i, agent) in net.agents().iter().enumerate() {
             let id = AgentId::new(format!("agent-{i}")).unwrap();
             let p = setup
@@ -312,11 +309,10 @@ impl Harness {
                 .unwrap_or_else(NetworkPolicy::open);
             policy.set(id.clone(), p);
             let gw = agent.gateway_addr();
-            let sockets = bind_sockets(&net, agent, &config);
-            gateway.attach(&id, sockets).unwrap();
+            attached.push(Some(attach(&datapath, &id, agent).await));
             std::fs::write(
                 dir.0.join(format!("resolv-{i}.conf")),
-                format!("nameserver {gw}\n"),
+                agenthold_egress::datapath::resolv_conf(gw),
             )
             .unwrap();
             ids.push(id);
@@ -324,6 +320,8 @@ impl Harness {
         Self {
             net,
             gateway,
+            datapath,
+            attached: Mutex::new(attached),
             policy,
             dns,
             config,
@@ -354,14 +352,28 @@ impl Harness {
         }
     }
 
-    /// Binds fresh sockets for agent `i` and attaches it again (after a detach: what a reconcile does).
-    pub(crate) fn reattach(&self, i: usize) {
-        let sockets = bind_sockets(&self.net, self.agent(i), &self.config);
-        self.gateway.attach(self.id(i), sockets).unwrap();
+    /// Detaches agent `i` through its datapath and attaches it again with fresh listeners (after a
+    /// detach: what a reconcile does).
+    pub(crate) async fn reattach(&self, i: usize) {
+        let old = self.attached.lock().unwrap()[i].take();
+        if let Some(old) = old {
+            old.close().await.unwrap();
+        }
+        let new = attach(&self.datapath, self.id(i), self.agent(i)).await;
+        self.attached.lock().unwrap()[i] = Some(new);
     }
 
-    /// Stop the gateway, remove the namespaces and the files, and assert nothing is left.
+    /// Detach every agent, stop the gateway, remove the namespaces and the files, and assert nothing is
+    /// left.
     pub(crate) async fn close(self) {
+        let attached: Vec<Attachment> = std::mem::take(&mut *self.attached.lock().unwrap())
+            .into_iter()
+            .flatten()
+            .collect();
+        for attachment in attached {
+            attachment.close().await.unwrap();
+        }
+        assert!(self.datapath.agents().is_empty());
         self.gateway.shutdown(Duration::from_secs(2)).await;
         let Self { net, host, .. } = self;
         net.close();
@@ -464,18 +476,12 @@ impl Harness {
     }
 }
 
-/// An agent's listeners, bound at its `.2` inside the gateway namespace on the configured ports.
-fn bind_sockets(net: &TestNet, agent: &TestAgent, config: &EgressConfig) -> AgentSockets {
-    let gw = net.gateway();
-    let at = |port| SocketAddr::from((agent.gateway_addr(), port));
-    AgentSockets {
-        transparent: Some(gw.bind_tcp(at(config.proxy_port)).unwrap()),
-        explicit: Some(gw.bind_tcp(at(config.explicit_port)).unwrap()),
-        dns: Some((
-            gw.bind_udp(at(config.dns_port)).unwrap(),
-            gw.bind_tcp(at(config.dns_port)).unwrap(),
-        )),
-    }
+/// Serves `agent` as `id` through the datapath (rules, listeners at its `.2` on the configured ports).
+async fn attach(datapath: &Datapath, id: &AgentId, agent: &TestAgent) -> Attachment {
+    let mut attachment = datapath.attach(id, agent.attachment()).await.unwrap();
+    // No tunnel server here: its port is closed, as in a deployment whose tunnel is not up.
+    drop(attachment.take_tunnel());
+    attachment
 }
 
 /// The HTTP/1.1 request text `client.py session` sends.
