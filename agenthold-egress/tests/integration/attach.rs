@@ -1,7 +1,7 @@
 //! `Datapath`: attaching an agent writes its rules and binds its listeners at its `.2`, detaching (by
 //! `close` or by dropping the attachment) takes both away again, and other agents are untouched (E3).
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use agenthold_egress::nft::Ports;
 use agenthold_egress::{Error, Gateway};
 use agenthold_testsupport::{TestNet, init_tracing, require_root};
 
-use crate::support::{eventually, probe};
+use crate::support::{at, eventually, probe};
 
 /// Per attached agent: 3 prerouting rules, 5 input rules. Always: 3 input and 2 output rules.
 const BASE_RULES: usize = 3 + 2;
@@ -52,8 +52,19 @@ fn rules_for(ns: &NetNs, iface: &str) -> usize {
         .count()
 }
 
-fn at(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::from((ip, port))
+/// A gateway with an empty policy table and the datapath of `ns` serving it on the default ports.
+async fn bare_datapath(ns: &NetNs) -> (Arc<Gateway>, Datapath) {
+    let gateway = Arc::new(
+        Gateway::builder()
+            .policy(Arc::new(PolicyTable::new()))
+            .dns_upstream("127.0.0.1:53".parse().unwrap())
+            .build()
+            .unwrap(),
+    );
+    let datapath = Datapath::new(ns.clone(), Ports::default(), Arc::clone(&gateway))
+        .await
+        .unwrap();
+    (gateway, datapath)
 }
 
 // covers: E3
@@ -64,17 +75,8 @@ async fn attach_writes_rules_and_listeners_and_detach_takes_them_away() {
     init_tracing();
     let net = TestNet::with_agents(2);
     let (a, b) = (net.agent(0), net.agent(1));
-    let gateway = Arc::new(
-        Gateway::builder()
-            .policy(Arc::new(PolicyTable::new()))
-            .dns_upstream("127.0.0.1:53".parse().unwrap())
-            .build()
-            .unwrap(),
-    );
     let ns = net.gateway();
-    let datapath = Datapath::new(ns.clone(), Ports::default(), Arc::clone(&gateway))
-        .await
-        .unwrap();
+    let (gateway, datapath) = bare_datapath(ns).await;
     assert_eq!(rule_comments(ns).len(), BASE_RULES, "no agent yet: loopback only");
     assert_eq!(ns.read_sysctl("net.ipv4.ip_forward").unwrap(), "0", "hardened");
 
@@ -150,17 +152,8 @@ async fn a_failed_attach_leaves_nothing_behind() {
     require_root();
     init_tracing();
     let net = TestNet::new();
-    let gateway = Arc::new(
-        Gateway::builder()
-            .policy(Arc::new(PolicyTable::new()))
-            .dns_upstream("127.0.0.1:53".parse().unwrap())
-            .build()
-            .unwrap(),
-    );
     let ns = net.gateway();
-    let datapath = Datapath::new(ns.clone(), Ports::default(), Arc::clone(&gateway))
-        .await
-        .unwrap();
+    let (gateway, datapath) = bare_datapath(ns).await;
     let id = AgentId::new("a").unwrap();
     // The .2 of another subnet is not an address of the namespace: the listeners cannot bind.
     let mut wrong = net.agent(0).attachment();

@@ -1,22 +1,16 @@
 //! The gateway namespace's rules on a real datapath (E3): a sandbox namespace plays the client, stand-in
 //! listeners sit where the gateway binds (`.2:port` inside the gateway namespace).
 
-use std::net::{Ipv4Addr, SocketAddr};
-
 use agenthold_egress::nft::{self, GatewayRules, Ports};
 use agenthold_testsupport::{TestNet, init_tracing, require_root};
 
-use crate::support::{TcpStandIn, UdpStandIn, eventually, probe};
+use crate::support::{TcpStandIn, UdpStandIn, at, eventually, probe};
 
 fn rules(net: &TestNet) -> GatewayRules {
     GatewayRules {
         ports: Ports::default(),
         agents: net.attachments(),
     }
-}
-
-fn at(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::from((ip, port))
 }
 
 // covers: E3

@@ -1,17 +1,13 @@
 //! Agents against each other and against the gateway's notion of identity (E3, E6): another agent's
 //! gateway address, another agent's sandbox, and spoofed source addresses.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 
 use agenthold_egress::guard::Guard;
 use agenthold_egress::nft::{self, GatewayRules, Ports};
 use agenthold_testsupport::{TestNet, init_tracing, require_root};
 
-use crate::support::{TcpStandIn, UdpStandIn, probe};
-
-fn at(ip: Ipv4Addr, port: u16) -> SocketAddr {
-    SocketAddr::from((ip, port))
-}
+use crate::support::{TcpStandIn, UdpStandIn, at, probe};
 
 // covers: E3, E6
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@
 //! and a small Python probe in the sandbox reports whether it got an answer, was refused, or was met
 //! with silence (a drop).
 
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -255,4 +255,9 @@ impl Probe {
             self.0
         );
     }
+}
+
+/// `ip:port` as a socket address.
+pub(crate) fn at(ip: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddr::from((ip, port))
 }
