@@ -1,6 +1,9 @@
 //! The crate's one error type. [`Error::kind`] classifies it as data (the shared
 //! [`agenthold_core::ErrorKind`]), so callers branch on the class and never on message text.
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use agenthold_core::ErrorKind;
 
 /// Errors of `agenthold-egress`.
@@ -52,7 +55,7 @@ pub enum Error {
     Core(#[from] agenthold_core::Error),
     /// A DNS lookup or forwarded query failed (upstream failure, or a name that does not resolve).
     #[error(transparent)]
-    Dns(#[from] crate::dns::LookupError),
+    Dns(#[from] LookupError),
 }
 
 impl Error {
@@ -77,6 +80,79 @@ impl Error {
     }
 }
 
+/// Why a DNS lookup or forwarded query failed. Cloneable, because one result may answer several coalesced
+/// callers and stay in the negative cache.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LookupError {
+    /// No acceptable answer arrived within the timeout, on any attempt.
+    #[error("DNS upstream {upstream}: no answer for {name} within {timeout:?} ({attempts} attempts)")]
+    Timeout {
+        /// The upstream server.
+        upstream: SocketAddr,
+        /// The name asked for.
+        name: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The timeout of each attempt.
+        timeout: Duration,
+    },
+    /// The upstream answered with an error code other than NXDOMAIN (SERVFAIL, REFUSED, …).
+    #[error("DNS upstream {upstream}: {name}: error response code {rcode}")]
+    ServFail {
+        /// The upstream server.
+        upstream: SocketAddr,
+        /// The name asked for.
+        name: String,
+        /// The DNS response code.
+        rcode: u16,
+    },
+    /// The name does not exist.
+    #[error("DNS: {name} does not exist (NXDOMAIN)")]
+    NxDomain {
+        /// The name asked for.
+        name: String,
+    },
+    /// The name exists but has no A or AAAA record.
+    #[error("DNS: {name} has no address records")]
+    NoAddress {
+        /// The name asked for.
+        name: String,
+    },
+    /// The upstream's answer (or the query handed in) could not be used.
+    #[error("DNS upstream {upstream}: {name}: malformed message: {problem}")]
+    Malformed {
+        /// The upstream server.
+        upstream: SocketAddr,
+        /// The name asked for (empty when the query had none).
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A socket operation failed.
+    #[error("DNS upstream {upstream}: {name}: {context}: {message}")]
+    Io {
+        /// The upstream server.
+        upstream: SocketAddr,
+        /// The name asked for.
+        name: String,
+        /// What was being done.
+        context: &'static str,
+        /// The kind of I/O error.
+        kind: std::io::ErrorKind,
+        /// The error's message (an `io::Error` is not `Clone`).
+        message: String,
+    },
+    /// The name handed to [`crate::dns::Upstream::lookup`] is not a valid host name.
+    #[error("DNS: invalid name {name:?}: {problem}")]
+    InvalidName {
+        /// The name as given.
+        name: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
 /// Result with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -86,7 +162,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::dns::LookupError;
 
     const UPSTREAM: SocketAddr =
         SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 53));

@@ -33,12 +33,13 @@ mod synthetic;
 mod upstream;
 
 use std::future::Future;
-use std::net::SocketAddr;
-use std::time::Duration;
 
 use agenthold_core::ErrorKind;
 
 pub use hickory_proto as proto;
+
+/// Why a DNS lookup or forwarded query failed (defined beside the crate's error enum, which wraps it).
+pub use crate::error::LookupError;
 
 pub use answer::Transport;
 pub use budget::{DnsBudget, DnsCount, DnsCounters, DnsLimits};
@@ -61,79 +62,6 @@ pub trait Forward: Send + Sync + 'static {
     /// # Errors
     /// [`LookupError`] when no acceptable answer arrived.
     fn forward(&self, query: &Message) -> impl Future<Output = Result<Message, LookupError>> + Send;
-}
-
-/// Why a DNS lookup or forwarded query failed. Cloneable, because one result may answer several coalesced
-/// callers and stay in the negative cache.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum LookupError {
-    /// No acceptable answer arrived within the timeout, on any attempt.
-    #[error("DNS upstream {upstream}: no answer for {name} within {timeout:?} ({attempts} attempts)")]
-    Timeout {
-        /// The upstream server.
-        upstream: SocketAddr,
-        /// The name asked for.
-        name: String,
-        /// Attempts made.
-        attempts: u32,
-        /// The timeout of each attempt.
-        timeout: Duration,
-    },
-    /// The upstream answered with an error code other than NXDOMAIN (SERVFAIL, REFUSED, …).
-    #[error("DNS upstream {upstream}: {name}: error response code {rcode}")]
-    ServFail {
-        /// The upstream server.
-        upstream: SocketAddr,
-        /// The name asked for.
-        name: String,
-        /// The DNS response code.
-        rcode: u16,
-    },
-    /// The name does not exist.
-    #[error("DNS: {name} does not exist (NXDOMAIN)")]
-    NxDomain {
-        /// The name asked for.
-        name: String,
-    },
-    /// The name exists but has no A or AAAA record.
-    #[error("DNS: {name} has no address records")]
-    NoAddress {
-        /// The name asked for.
-        name: String,
-    },
-    /// The upstream's answer (or the query handed in) could not be used.
-    #[error("DNS upstream {upstream}: {name}: malformed message: {problem}")]
-    Malformed {
-        /// The upstream server.
-        upstream: SocketAddr,
-        /// The name asked for (empty when the query had none).
-        name: String,
-        /// What is wrong.
-        problem: String,
-    },
-    /// A socket operation failed.
-    #[error("DNS upstream {upstream}: {name}: {context}: {message}")]
-    Io {
-        /// The upstream server.
-        upstream: SocketAddr,
-        /// The name asked for.
-        name: String,
-        /// What was being done.
-        context: &'static str,
-        /// The kind of I/O error.
-        kind: std::io::ErrorKind,
-        /// The error's message (an `io::Error` is not `Clone`).
-        message: String,
-    },
-    /// The name handed to [`Upstream::lookup`] is not a valid host name.
-    #[error("DNS: invalid name {name:?}: {problem}")]
-    InvalidName {
-        /// The name as given.
-        name: String,
-        /// What is wrong.
-        problem: String,
-    },
 }
 
 impl LookupError {
