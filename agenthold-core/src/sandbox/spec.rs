@@ -61,7 +61,7 @@ impl SandboxSpec {
     /// core does not know the datapath.
     ///
     /// # Errors
-    /// [`Error::Label`] for a label, [`Error::Secret`] for a secret, [`Error::SandboxSpec`] for anything
+    /// [`Error::Label`] for a label, [`Error::Secret`] for a secret (or two that clash), [`Error::SandboxSpec`] for anything
     /// else, each naming the offending value.
     pub fn split(self) -> Result<(ContainerSpec, GatewaySpec)> {
         self.validate_labels()?;
@@ -110,9 +110,14 @@ impl SandboxSpec {
                     return fail(format!("two secrets set the environment variable {env:?}"));
                 }
                 if self.env.contains_key(env) {
-                    return fail(format!(
-                        "{env} is set both in env and by this secret (which puts its placeholder there)"
-                    ));
+                    // The spec's `env` is at fault as much as the secret: a bad spec (Python: SandboxError).
+                    return bad(
+                        "env",
+                        format!(
+                            "{env} is set both in env and by secret {:?} (which puts its placeholder there)",
+                            secret.name
+                        ),
+                    );
                 }
             }
         }
@@ -509,7 +514,14 @@ mod tests {
                 ..SandboxSpec::default()
             };
             match spec.split() {
-                Err(e @ Error::Secret { .. }) => assert!(e.to_string().contains(needle), "{e}"),
+                // Python's classes as before the check moved into `split`: SecretError for two secrets
+                // that clash, SandboxError for a secret's variable also in `env`.
+                Err(e @ Error::Secret { .. }) if env.is_none() => {
+                    assert!(e.to_string().contains(needle), "{e}")
+                }
+                Err(e @ Error::SandboxSpec { field: "env", .. }) if env.is_some() => {
+                    assert!(e.to_string().contains(needle), "{e}");
+                }
                 other => panic!("{needle}: {other:?}"),
             }
         }

@@ -138,6 +138,13 @@ def test_duplicate_secret_names(rt: agenthold.Runtime) -> None:
         rt.create_sandbox(secrets=[a, b])
 
 
+def test_secret_variable_also_in_env(rt: agenthold.Runtime) -> None:
+    # The spec is at fault as much as the secret: SandboxError, as before the check moved into core.
+    s = agenthold.Secret("k", "v", env="K", hosts=["a.example.test"])
+    with pytest.raises(agenthold.SandboxError, match="set both in env"):
+        rt.create_sandbox(env={"K": "x"}, secrets=[s])
+
+
 def test_unknown_sandbox_id(rt: agenthold.Runtime) -> None:
     with pytest.raises(agenthold.SandboxError):
         rt.sandbox("nosuchsandbox0000").exec(["true"])
