@@ -34,7 +34,7 @@ struct BuildDevArgs {
     /// Data directory; the root filesystem is assembled in DIR/images. Default from the configuration.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
-    /// Debian mirror for debootstrap; default: the host's apt sources, else http://deb.debian.org/debian.
+    /// Debian mirror for debootstrap; default: the host's apt sources, else `http://deb.debian.org/debian`.
     #[arg(long, value_name = "URL")]
     mirror: Option<String>,
     /// Rebuild even when the existing image is current.
