@@ -218,7 +218,8 @@ pub mod tunnel {
 
     impl std::error::Error for HelloError {}
 
-    /// Parses a hello line (without its newline; surrounding whitespace is ignored). Exactly four words.
+    /// Parses a hello line (without its newline; surrounding whitespace is ignored). Exactly four words; the
+    /// agent as [`valid_agent`], the token printable ASCII.
     ///
     /// # Errors
     /// [`HelloError::Malformed`] when the line is not a version 1 hello.
@@ -230,6 +231,11 @@ pub mod tunnel {
         let (Some(agent), Some(token), None) = (words.next(), words.next(), words.next()) else {
             return Err(HelloError::Malformed);
         };
+        // ASCII whitespace (what splits the words) leaves out control bytes such as vertical tab: only
+        // printable words are an agent or a token (found by the `tunnel_hello` fuzz target).
+        if !valid_agent(agent) || token.len() > MAX_LINE || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(HelloError::Malformed);
+        }
         Ok(Hello { agent, token })
     }
 }
@@ -337,6 +343,9 @@ mod tests {
             "AGENTHOLD-TUNNEL 2 a t",
             "HELLO 1 a t",
             "AGENTHOLD-TUNNEL 1 a t extra",
+            // Vertical tab and other control bytes are not ASCII whitespace: they must not pass as a token.
+            "AGENTHOLD-TUNNEL 1 a \u{b}",
+            "AGENTHOLD-TUNNEL 1 a\u{7f} t",
         ] {
             assert_eq!(
                 tunnel::parse_hello(bad),
