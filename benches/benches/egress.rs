@@ -19,7 +19,7 @@ use agenthold_benches::load::{self, Outcome};
 use agenthold_benches::report::{self, Metric, Route};
 use agenthold_benches::setup::{Env, NAME, RAW_PORT};
 use agenthold_benches::tools;
-use agenthold_egress::log::Decision;
+use agenthold_egress::log::{Decision, Reason};
 use anyhow::{Context, Result};
 use serde_json::json;
 
@@ -87,17 +87,10 @@ fn run() -> Result<()> {
     env.close();
     let metrics = result?;
 
-    // Allowed entries may carry an informational reason (a synthetic DNS answer); failures say "upstream".
+    // Allowed entries may carry an informational reason (a synthetic DNS answer); failures are `Reason::is_failure`.
     let refused: Vec<_> = log
         .iter()
-        .filter(|e| {
-            e.decision == Decision::Denied
-                || e.reason
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .as_deref()
-                    .is_some_and(|r| r.starts_with("upstream"))
-        })
+        .filter(|e| e.decision == Decision::Denied || e.reason.as_ref().is_some_and(Reason::is_failure))
         .collect();
     for entry in refused.iter().take(5) {
         eprintln!("bench egress: gateway log: {}", entry.to_json_line());

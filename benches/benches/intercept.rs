@@ -42,7 +42,7 @@ use agenthold_benches::{cpu, tls_load, upstream};
 use agenthold_core::config::LeakGuard;
 use agenthold_core::secret::{SecretRule, SecretSpec, SecretTable};
 use agenthold_egress::CertificateAuthority;
-use agenthold_egress::log::{Decision, LogKind};
+use agenthold_egress::log::{Decision, LogKind, Reason};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
@@ -393,14 +393,7 @@ fn run() -> Result<()> {
     let injected_log = log.iter().filter(|e| e.secret_injected).count();
     let refused = log
         .iter()
-        .filter(|e| {
-            e.decision == Decision::Denied
-                || e.reason
-                    .as_ref()
-                    .map(ToString::to_string)
-                    .as_deref()
-                    .is_some_and(|r| r.starts_with("upstream"))
-        })
+        .filter(|e| e.decision == Decision::Denied || e.reason.as_ref().is_some_and(Reason::is_failure))
         .count();
     println!();
     if rate.is_some() || rate_nginx.is_some() {

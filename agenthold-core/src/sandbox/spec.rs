@@ -517,7 +517,7 @@ mod tests {
                 // Python's classes as before the check moved into `split`: SecretError for two secrets
                 // that clash, SandboxError for a secret's variable also in `env`.
                 Err(e @ Error::Secret { .. }) if env.is_none() => {
-                    assert!(e.to_string().contains(needle), "{e}")
+                    assert!(e.to_string().contains(needle), "{e}");
                 }
                 Err(e @ Error::SandboxSpec { field: "env", .. }) if env.is_some() => {
                     assert!(e.to_string().contains(needle), "{e}");

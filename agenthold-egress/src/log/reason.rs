@@ -153,6 +153,13 @@ impl fmt::Display for DnsFailure {
 }
 
 impl Reason {
+    /// Whether the entry's connection or query failed after it was allowed ([`Reason::Failed`],
+    /// [`Reason::DnsUpstream`]): what a load test counts as an error besides denials.
+    #[must_use]
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Self::Failed(_) | Self::DnsUpstream(_))
+    }
+
     /// The reason a verdict gives an entry: none for allowed, [`Reason::ReportOnly`] for reported,
     /// [`Reason::Denied`] for denied.
     #[must_use]

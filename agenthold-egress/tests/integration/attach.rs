@@ -13,7 +13,7 @@ use agenthold_egress::nft::Ports;
 use agenthold_egress::{Error, Gateway};
 use agenthold_testsupport::{TestNet, init_tracing, require_root};
 
-use crate::support::{at, eventually, probe};
+use crate::support::{at, eventually, nft_json, probe};
 
 /// Per attached agent: 3 prerouting rules, 5 input rules. Always: 3 input and 2 output rules.
 const BASE_RULES: usize = 3 + 2;
@@ -24,17 +24,7 @@ const REQUEST: &str = "GET http://nowhere.test/ HTTP/1.1\r\nHost: nowhere.test\r
 
 /// The comments of the rules in table `inet agenthold` of `ns` (each names the interface it is for).
 fn rule_comments(ns: &NetNs) -> Vec<String> {
-    let output = ns
-        .command("nft")
-        .args(["-j", "list", "table", "inet", "agenthold"])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let json = nft_json(ns, &["table", "inet", "agenthold"]);
     json["nftables"]
         .as_array()
         .unwrap()

@@ -4,7 +4,7 @@
 use agenthold_egress::nft::{self, GatewayRules, Ports};
 use agenthold_testsupport::{TestNet, init_tracing, require_root};
 
-use crate::support::{TcpStandIn, UdpStandIn, at, eventually, probe};
+use crate::support::{TcpStandIn, UdpStandIn, at, eventually, nft_json, probe};
 
 fn rules(net: &TestNet) -> GatewayRules {
     GatewayRules {
@@ -210,18 +210,7 @@ async fn rules_replace_atomically_apply_twice_and_apply_empty() {
     let gw = net.gateway_addr();
     let explicit = TcpStandIn::bind(net.gateway(), at(gw, 15002), "explicit");
     let list = || {
-        let output = net
-            .gateway()
-            .command("nft")
-            .args(["-j", "list", "ruleset"])
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let json = nft_json(net.gateway(), &["ruleset"]);
         let objects = json["nftables"].as_array().unwrap().clone();
         let count = |kind: &str| objects.iter().filter(|o| o.get(kind).is_some()).count();
         (count("table"), count("chain"), count("rule"))

@@ -261,3 +261,20 @@ impl Probe {
 pub(crate) fn at(ip: Ipv4Addr, port: u16) -> SocketAddr {
     SocketAddr::from((ip, port))
 }
+
+/// `nft -j list ARGS…` inside `ns`, as JSON; panics with nft's message when it fails.
+pub(crate) fn nft_json(ns: &NetNs, args: &[&str]) -> Value {
+    let output = ns
+        .command("nft")
+        .arg("-j")
+        .arg("list")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
