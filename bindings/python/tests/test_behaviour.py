@@ -109,11 +109,29 @@ def test_calls_from_several_threads(shared_sandbox: agenthold.Sandbox) -> None:
 
 CHILD = textwrap.dedent(
     """
-    import json, os, sys, threading, asyncio
+    import json, os, sys, threading, asyncio, time
     import agenthold
 
     def native_threads():
         return sorted(os.listdir("/proc/self/task"))
+
+    def settled(want):
+        # A joined thread's kernel task can still be listed for a moment: Python's join returns when the
+        # thread's Python state is gone, before the OS thread has finished exiting. Wait (bounded) for the
+        # list to settle; whatever is still there after 5 s did outlive close, and its name says whose it is.
+        deadline = time.monotonic() + 5
+        while True:
+            now = native_threads()
+            if now == want or time.monotonic() > deadline:
+                return [t if t in want else t + ":" + comm(t) for t in now]
+            time.sleep(0.02)
+
+    def comm(tid):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                return f.read().strip()
+        except OSError:
+            return "gone"
 
     kwargs = json.loads(sys.argv[1])
     before_tasks, before_py = native_threads(), [t.name for t in threading.enumerate()]
@@ -123,7 +141,7 @@ CHILD = textwrap.dedent(
     during = len(native_threads())
     sb.remove()
     rt.close()
-    after_tasks, after_py = native_threads(), [t.name for t in threading.enumerate()]
+    after_tasks, after_py = settled(before_tasks), [t.name for t in threading.enumerate()]
 
     async def aio():
         async with agenthold.aio.Runtime(**kwargs) as art:
@@ -133,7 +151,7 @@ CHILD = textwrap.dedent(
             finally:
                 await s.remove()
     aout = asyncio.run(aio())
-    after_aio = native_threads()
+    after_aio = settled(before_tasks)
     print(json.dumps(dict(out=out.decode(), aout=aout.decode(), before=before_tasks, during=during,
                           after=after_tasks, after_aio=after_aio, before_py=before_py, after_py=after_py,
                           after_aio_py=[t.name for t in threading.enumerate()])))
