@@ -39,6 +39,8 @@ pub enum Action {
     CreateAgent,
     /// Create a personal API token (needs a browser session).
     CreateToken,
+    /// Owner-only workspace changes: delete the workspace, make or unmake owners.
+    Own,
 }
 
 /// The thing acted on.
