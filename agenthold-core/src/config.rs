@@ -46,6 +46,8 @@ pub struct Config {
     pub sandbox: SandboxConfig,
     /// The HTTP API server.
     pub server: ServerConfig,
+    /// The reference server's sessions, login links and rate limits.
+    pub auth: AuthConfig,
 }
 
 /// `egress.*`: the gateway's ports, upstream DNS, request log, timeouts, address deny list and DNS budgets.
@@ -224,12 +226,61 @@ impl ContainerRuntime {
 pub struct ServerConfig {
     /// Address the HTTP API listens on. Default: `127.0.0.1:8080`.
     pub listen: SocketAddr,
+    /// The URL users reach the server at (`https://agents.example.com`), without a path; it sets the
+    /// origin that cross-origin checks compare with and the links the server prints. Default: `""`,
+    /// meaning `http://` + `server.listen`.
+    pub public_url: String,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            public_url: String::new(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The public URL without a trailing slash: `server.public_url`, or `http://` + `server.listen`.
+    #[must_use]
+    pub fn public_url(&self) -> String {
+        if self.public_url.is_empty() {
+            format!("http://{}", self.listen)
+        } else {
+            self.public_url.trim_end_matches('/').to_owned()
+        }
+    }
+}
+
+/// `auth.*`: browser sessions, the local admin link and rate limits of the reference server (S6, S7, S13).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// A browser session ends after this many seconds without a request. Default: `43200` (12 hours).
+    pub session_idle_secs: u64,
+    /// A browser session ends this many seconds after login whatever its use. Default: `604800` (7 days).
+    pub session_absolute_secs: u64,
+    /// A local admin link is valid this many seconds (and once). Default: `900` (15 minutes).
+    pub login_link_secs: u64,
+    /// Requests per second one user may make (bursts of 4× pass). Default: `50`.
+    pub rate_per_user: u32,
+    /// Requests per second one personal token may make (bursts of 4× pass). Default: `50`.
+    pub rate_per_token: u32,
+    /// Unauthenticated or failed requests per second from one client address (bursts of 4× pass).
+    /// Default: `5`.
+    pub rate_unauthenticated: u32,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            session_idle_secs: 12 * 3600,
+            session_absolute_secs: 7 * 24 * 3600,
+            login_link_secs: 900,
+            rate_per_user: 50,
+            rate_per_token: 50,
+            rate_unauthenticated: 5,
         }
     }
 }
@@ -435,6 +486,37 @@ impl Config {
         }
         if e.log_keep == 0 {
             return fail("egress.log_keep", "must be at least 1, found 0".into());
+        }
+        let a = &self.auth;
+        for (key, value) in [
+            ("auth.session_idle_secs", a.session_idle_secs),
+            ("auth.session_absolute_secs", a.session_absolute_secs),
+            ("auth.login_link_secs", a.login_link_secs),
+            ("auth.rate_per_user", u64::from(a.rate_per_user)),
+            ("auth.rate_per_token", u64::from(a.rate_per_token)),
+            ("auth.rate_unauthenticated", u64::from(a.rate_unauthenticated)),
+        ] {
+            if value == 0 {
+                return fail(key, "must be at least 1, found 0".into());
+            }
+        }
+        let url = &self.server.public_url;
+        if !url.is_empty() {
+            let rest = url
+                .strip_prefix("https://")
+                .or_else(|| url.strip_prefix("http://"));
+            let ok = rest.is_some_and(|r| {
+                let host = r.trim_end_matches('/');
+                !host.is_empty() && !host.contains(['/', '?', '#', ' ', '@'])
+            });
+            if !ok {
+                return fail(
+                    "server.public_url",
+                    format!(
+                        "{url:?} must be http:// or https:// followed by a host (and port), without a path"
+                    ),
+                );
+            }
         }
         if e.log_max_bytes < 4096 {
             return fail(

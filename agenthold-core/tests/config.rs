@@ -439,6 +439,9 @@ fn bad_env_values_name_the_variable() {
         ("AGENTHOLD_SANDBOX_PIDS", "1", "at least 16"),
         ("AGENTHOLD_DATA_DIR", "relative", "absolute"),
         ("AGENTHOLD_EGRESS_DNS_UPSTREAM", "nope", "egress.dns_upstream"),
+        ("AGENTHOLD_SERVER_PUBLIC_URL", "ftp://x", "server.public_url"),
+        ("AGENTHOLD_SERVER_PUBLIC_URL", "https://x/path", "without a path"),
+        ("AGENTHOLD_AUTH_RATE_PER_USER", "0", "auth.rate_per_user"),
     ] {
         let (key, problem) = config_error(Config::from_yaml("", env(&[(var, value)])));
         assert_eq!(key, var, "{value:?}: {problem}");
@@ -457,10 +460,12 @@ fn every_key_has_a_variable() {
         ("AGENTHOLD_SECRETS_MASTER_KEY_FILE", "secrets.master_key_file"),
         ("AGENTHOLD_SANDBOX_SUBNET_POOL", "sandbox.subnet_pool"),
         ("AGENTHOLD_SERVER_LISTEN", "server.listen"),
+        ("AGENTHOLD_SERVER_PUBLIC_URL", "server.public_url"),
+        ("AGENTHOLD_AUTH_RATE_PER_USER", "auth.rate_per_user"),
     ] {
         assert!(vars.contains(&(var.to_owned(), key.to_owned())), "{var}");
     }
-    assert_eq!(vars.len(), 1 + 21 + 1 + 7 + 1);
+    assert_eq!(vars.len(), 1 + 21 + 1 + 7 + 2 + 6);
     // The master key variable is not a configuration key, so it can never be mistaken for one.
     assert!(vars.iter().all(|(var, _)| var != "AGENTHOLD_MASTER_KEY"));
 }
