@@ -40,6 +40,7 @@
 //! [`Store::batch`](agenthold_core::Store::batch), so a crash never leaves half of one.
 #![forbid(unsafe_code)]
 
+mod authz;
 mod config;
 mod directory;
 mod error;
@@ -49,6 +50,7 @@ mod opaque;
 #[cfg(test)]
 mod tests;
 
+pub use authz::RoleAuthz;
 pub use config::AuthConfig;
 pub use directory::Directory;
 pub use error::{Error, Result};

@@ -2,6 +2,7 @@
 //! the tests move.
 
 mod audit;
+mod authz;
 mod credentials;
 mod directory;
 
