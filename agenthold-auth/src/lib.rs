@@ -47,6 +47,7 @@ mod error;
 mod lock;
 mod model;
 mod opaque;
+mod ratelimit;
 #[cfg(test)]
 mod tests;
 
@@ -58,3 +59,4 @@ pub use model::{
     AgentRole, AuditEntry, Grant, Membership, NewAuditEntry, NewUser, TokenInfo, User, Workspace,
     WorkspaceRole,
 };
+pub use ratelimit::RateLimits;
