@@ -263,12 +263,13 @@ pub struct AuthConfig {
     pub session_absolute_secs: u64,
     /// A local admin link is valid this many seconds (and once). Default: `900` (15 minutes).
     pub login_link_secs: u64,
-    /// Requests per second one user may make (bursts of 4× pass). Default: `50`.
+    /// Requests per second one user may make (bursts of 4× pass); `0` turns the limit off. Default: `50`.
     pub rate_per_user: u32,
-    /// Requests per second one personal token may make (bursts of 4× pass). Default: `50`.
+    /// Requests per second one personal token may make (bursts of 4× pass); `0` turns the limit off.
+    /// Default: `50`.
     pub rate_per_token: u32,
-    /// Unauthenticated or failed requests per second from one client address (bursts of 4× pass).
-    /// Default: `5`.
+    /// Unauthenticated or failed requests per second from one client address, an IPv6 client counted by
+    /// its /64 (bursts of 4× pass); `0` turns the limit off. Default: `5`.
     pub rate_unauthenticated: u32,
 }
 
@@ -492,9 +493,6 @@ impl Config {
             ("auth.session_idle_secs", a.session_idle_secs),
             ("auth.session_absolute_secs", a.session_absolute_secs),
             ("auth.login_link_secs", a.login_link_secs),
-            ("auth.rate_per_user", u64::from(a.rate_per_user)),
-            ("auth.rate_per_token", u64::from(a.rate_per_token)),
-            ("auth.rate_unauthenticated", u64::from(a.rate_unauthenticated)),
         ] {
             if value == 0 {
                 return fail(key, "must be at least 1, found 0".into());

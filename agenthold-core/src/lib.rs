@@ -32,7 +32,7 @@ pub mod store;
 pub mod template;
 pub mod vault;
 
-pub use authz::{Action, Authz, AuthzDecision, Principal, Resource};
+pub use authz::{Action, Authz, AuthzDecision, Credential, Principal, Resource};
 pub use config::Config;
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use ids::{AgentId, SecretId, UserId, WorkspaceId};

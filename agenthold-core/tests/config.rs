@@ -441,7 +441,7 @@ fn bad_env_values_name_the_variable() {
         ("AGENTHOLD_EGRESS_DNS_UPSTREAM", "nope", "egress.dns_upstream"),
         ("AGENTHOLD_SERVER_PUBLIC_URL", "ftp://x", "server.public_url"),
         ("AGENTHOLD_SERVER_PUBLIC_URL", "https://x/path", "without a path"),
-        ("AGENTHOLD_AUTH_RATE_PER_USER", "0", "auth.rate_per_user"),
+        ("AGENTHOLD_AUTH_SESSION_IDLE_SECS", "0", "auth.session_idle_secs"),
     ] {
         let (key, problem) = config_error(Config::from_yaml("", env(&[(var, value)])));
         assert_eq!(key, var, "{value:?}: {problem}");
