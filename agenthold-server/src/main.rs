@@ -2,16 +2,21 @@
 //!
 //! - `agenthold run [--allow ENTRY]… -- COMMAND…` runs a command in a network jail behind an embedded
 //!   egress gateway ([`run`]).
+//! - `agenthold serve [--config FILE]` runs the reference server: users, workspaces, agents, the HTTP
+//!   API ([`serve_cli`]).
+//! - `agenthold admin …` is the host operator's tool for a running server ([`admin_cli`]).
 //! - `agenthold image build-dev` builds the `agenthold/dev:latest` image without a registry ([`image`]).
 //! - `agenthold __jail …` and `__jail-init …` are the jail's own re-executions ([`jail`]), not meant to be
 //!   called by hand.
 #![forbid(unsafe_code)]
 
+mod admin_cli;
 mod image;
 mod jail;
 mod log_file;
 mod run;
 mod secrets_file;
+mod serve_cli;
 
 use clap::{Parser, Subcommand};
 
@@ -27,6 +32,10 @@ struct Cli {
 enum Command {
     /// Run COMMAND in a fresh network namespace whose only way out is an embedded egress gateway.
     Run(run::RunArgs),
+    /// Run the reference server (HTTP API, users, workspaces, agents).
+    Serve(serve_cli::ConfigArgs),
+    /// The host operator's tools for a running server (users, tokens, the local admin link).
+    Admin(admin_cli::AdminArgs),
     /// Local images, built without a registry (`image build-dev`).
     Image(image::ImageArgs),
     /// Internal: the jail's first stage (namespaces and mounts).
@@ -49,6 +58,8 @@ fn main() {
                 125
             }
         },
+        Command::Serve(args) => serve_cli::run(&args),
+        Command::Admin(args) => admin_cli::run(args),
         Command::Image(args) => image::run(&args),
         Command::Jail(args) => jail_stage(jail::stage_one(&args)),
         Command::JailInit(args) => jail_stage(jail::stage_two(&args)),

@@ -258,6 +258,20 @@ impl Runtime {
         Ok(())
     }
 
+    /// The agent's network policy, as last set (E8).
+    ///
+    /// # Errors
+    /// When the agent does not exist or the store fails.
+    pub async fn policy(&self, agent: &AgentId) -> Result<NetworkPolicy> {
+        let record = records::RECORDS
+            .load(self.store.as_ref(), agent)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                agent: agent.to_string(),
+            })?;
+        Ok(record.spec.policy)
+    }
+
     /// The agent's request log, oldest first (E16).
     #[must_use]
     pub fn request_log(&self, agent: &AgentId) -> Vec<LogEntry> {

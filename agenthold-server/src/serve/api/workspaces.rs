@@ -1,0 +1,374 @@
+//! `/api/v1/workspaces`: workspaces (the creator becomes owner), their members and audit log (P4).
+//! Any member sees the workspace and its members; admins manage members; only owners delete the
+//! workspace or make and unmake owners.
+
+use agenthold_auth::{AuditEntry, Membership, Workspace, WorkspaceRole};
+use agenthold_core::{Action, Resource, UserId};
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::{ApiError, ApiResult, Body, Caller, Params, Problem, created};
+use crate::serve::state::AppState;
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_workspaces, create_workspace))
+        .routes(routes!(get_workspace, rename_workspace, delete_workspace))
+        .routes(routes!(list_members))
+        .routes(routes!(set_member, remove_member))
+        .routes(routes!(audit_log))
+}
+
+/// A workspace as the caller sees it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct WorkspaceView {
+    /// Workspace id.
+    id: String,
+    /// Its name.
+    name: String,
+    /// Creation time (RFC 3339).
+    created_at: String,
+    /// The caller's role in it.
+    role: String,
+}
+
+impl WorkspaceView {
+    fn new(w: Workspace, role: WorkspaceRole) -> Self {
+        Self {
+            id: w.id.to_string(),
+            name: w.name,
+            created_at: w.created_at,
+            role: role_name(role),
+        }
+    }
+}
+
+/// A list of workspaces.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct WorkspaceList {
+    /// The caller's workspaces.
+    items: Vec<WorkspaceView>,
+}
+
+/// `POST /api/v1/workspaces` and `PATCH /api/v1/workspaces/{ws}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WorkspaceName {
+    /// 1 to 100 characters.
+    name: String,
+}
+
+/// A member of a workspace.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct MemberView {
+    /// The member's user id (also `user`).
+    id: String,
+    /// The member's user id.
+    user: String,
+    /// Their display name.
+    name: String,
+    /// `owner`, `admin` or `member`.
+    role: String,
+}
+
+/// A list of members.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct MemberList {
+    /// Members, by user id.
+    items: Vec<MemberView>,
+}
+
+/// `PUT /api/v1/workspaces/{ws}/members/{user}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SetRole {
+    /// `owner`, `admin` or `member`.
+    #[schema(value_type = String, example = "member")]
+    role: WorkspaceRole,
+}
+
+/// One audit log entry.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AuditView {
+    /// Entry id (also the cursor).
+    id: String,
+    /// When (RFC 3339).
+    time: String,
+    /// Who (user id), if known.
+    actor: Option<String>,
+    /// How they authenticated: `session` or `token`.
+    credential: Option<String>,
+    /// Method and route (`PUT /api/v1/workspaces/{ws}/members/{user}`), or a named action.
+    action: String,
+    /// The concrete path or object acted on.
+    target: String,
+    /// `ok`, `denied` or `failed`.
+    result: String,
+    /// Why it was denied or failed.
+    reason: Option<String>,
+}
+
+impl From<AuditEntry> for AuditView {
+    fn from(e: AuditEntry) -> Self {
+        Self {
+            id: e.id,
+            time: e.time,
+            actor: e.actor.map(|u| u.to_string()),
+            credential: e.credential.map(|c| match c {
+                agenthold_core::Credential::Session => "session".to_owned(),
+                agenthold_core::Credential::Token => "token".to_owned(),
+            }),
+            action: e.action,
+            target: e.target,
+            result: e.result,
+            reason: e.reason,
+        }
+    }
+}
+
+/// A page of the audit log, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AuditPage {
+    /// Entries.
+    items: Vec<AuditView>,
+    /// Pass as `cursor` for the next (older) page; absent on the last page.
+    next_cursor: Option<String>,
+}
+
+/// `?cursor=&limit=`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PageQuery {
+    /// From a previous page's `next_cursor`.
+    cursor: Option<String>,
+    /// Entries per page, 1 to 500 (default 100).
+    limit: Option<usize>,
+}
+
+/// The text form of a workspace role.
+pub(crate) fn role_name(role: WorkspaceRole) -> String {
+    match role {
+        WorkspaceRole::Owner => "owner",
+        WorkspaceRole::Admin => "admin",
+        WorkspaceRole::Member => "member",
+    }
+    .to_owned()
+}
+
+/// Check a page size.
+pub(crate) fn page_limit(limit: Option<usize>) -> ApiResult<usize> {
+    match limit {
+        None => Ok(100),
+        Some(n @ 1..=500) => Ok(n),
+        Some(n) => Err(ApiError::bad_request(format!(
+            "limit must be 1 to 500, found {n}"
+        ))),
+    }
+}
+
+#[utoipa::path(get, path = "/api/v1/workspaces", tag = "workspaces",
+    responses((status = 200, body = WorkspaceList)),
+    extensions(("x-agenthold-role" = json!("self"))))]
+async fn list_workspaces(State(state): State<AppState>, caller: Caller) -> ApiResult<Json<WorkspaceList>> {
+    caller.require(&state, Action::View, &Resource::Account).await?;
+    let items = state
+        .dir
+        .workspaces_of(caller.user())
+        .await?
+        .into_iter()
+        .map(|(w, r)| WorkspaceView::new(w, r))
+        .collect();
+    Ok(Json(WorkspaceList { items }))
+}
+
+#[utoipa::path(post, path = "/api/v1/workspaces", tag = "workspaces", request_body = WorkspaceName,
+    responses((status = 201, body = WorkspaceView), (status = 400, body = Problem)),
+    extensions(("x-agenthold-role" = json!("self"))))]
+async fn create_workspace(
+    State(state): State<AppState>,
+    caller: Caller,
+    Body(body): Body<WorkspaceName>,
+) -> ApiResult<Response> {
+    caller.require(&state, Action::View, &Resource::Account).await?;
+    let ws = state.dir.create_workspace(&body.name, caller.user()).await?;
+    state
+        .audit(
+            &ws.id,
+            Some((caller.user(), caller.principal.credential)),
+            "POST /api/v1/workspaces".into(),
+            format!("/api/v1/workspaces/{}", ws.id),
+            "ok",
+            None,
+        )
+        .await;
+    Ok(created(WorkspaceView::new(ws, WorkspaceRole::Owner)))
+}
+
+#[utoipa::path(get, path = "/api/v1/workspaces/{ws}", tag = "workspaces",
+    params(("ws" = String, Path)),
+    responses((status = 200, body = WorkspaceView), (status = 404, body = Problem)),
+    extensions(("x-agenthold-role" = json!("member"))))]
+async fn get_workspace(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+) -> ApiResult<Json<WorkspaceView>> {
+    let ws = caller.workspace(&state, &ws, Action::View).await?;
+    let found = state.dir.workspace(&ws).await?.ok_or_else(ApiError::not_found)?;
+    let role = state
+        .dir
+        .member_role(&ws, caller.user())
+        .await?
+        .ok_or_else(ApiError::not_found)?;
+    Ok(Json(WorkspaceView::new(found, role)))
+}
+
+#[utoipa::path(patch, path = "/api/v1/workspaces/{ws}", tag = "workspaces", request_body = WorkspaceName,
+    params(("ws" = String, Path)),
+    responses((status = 200, body = WorkspaceView), (status = 403, body = Problem), (status = 404, body = Problem)),
+    extensions(("x-agenthold-role" = json!("workspace_admin"))))]
+async fn rename_workspace(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+    Body(body): Body<WorkspaceName>,
+) -> ApiResult<Json<WorkspaceView>> {
+    let ws = caller.workspace(&state, &ws, Action::Administer).await?;
+    let renamed = state.dir.rename_workspace(&ws, &body.name).await?;
+    let role = state
+        .dir
+        .member_role(&ws, caller.user())
+        .await?
+        .ok_or_else(ApiError::not_found)?;
+    Ok(Json(WorkspaceView::new(renamed, role)))
+}
+
+#[utoipa::path(delete, path = "/api/v1/workspaces/{ws}", tag = "workspaces",
+    params(("ws" = String, Path)),
+    responses((status = 204), (status = 403, body = Problem), (status = 404, body = Problem),
+        (status = 409, body = Problem, description = "the workspace still has agents")),
+    extensions(("x-agenthold-role" = json!("owner"))))]
+async fn delete_workspace(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+) -> ApiResult<Response> {
+    let ws = caller.workspace(&state, &ws, Action::Own).await?;
+    let agents = state.dir.agents_in(&ws).await?;
+    if !agents.is_empty() {
+        return Err(ApiError::conflict(format!(
+            "the workspace still has {} agent(s); delete them first",
+            agents.len()
+        )));
+    }
+    state.dir.delete_workspace(&ws).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[utoipa::path(get, path = "/api/v1/workspaces/{ws}/members", tag = "members",
+    params(("ws" = String, Path)),
+    responses((status = 200, body = MemberList), (status = 404, body = Problem)),
+    extensions(("x-agenthold-role" = json!("member"))))]
+async fn list_members(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+) -> ApiResult<Json<MemberList>> {
+    let ws = caller.workspace(&state, &ws, Action::View).await?;
+    let mut items = Vec::new();
+    for Membership { user, role, .. } in state.dir.members(&ws).await? {
+        let name = state.dir.user(&user).await?.map(|u| u.name).unwrap_or_default();
+        items.push(MemberView {
+            id: user.to_string(),
+            user: user.to_string(),
+            name,
+            role: role_name(role),
+        });
+    }
+    Ok(Json(MemberList { items }))
+}
+
+#[utoipa::path(put, path = "/api/v1/workspaces/{ws}/members/{user}", tag = "members", request_body = SetRole,
+    params(("ws" = String, Path), ("user" = String, Path)),
+    responses((status = 200, body = MemberView, description = "role changed"), (status = 201, body = MemberView, description = "member added"),
+        (status = 403, body = Problem), (status = 404, body = Problem), (status = 409, body = Problem)),
+    extensions(("x-agenthold-role" = json!("workspace_admin"))))]
+async fn set_member(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((ws, user)): Path<(String, String)>,
+    Body(body): Body<SetRole>,
+) -> ApiResult<Response> {
+    let ws = caller.workspace(&state, &ws, Action::Administer).await?;
+    let user = UserId::new(user).map_err(|_| ApiError::not_found())?;
+    let found = state.dir.user(&user).await?.ok_or_else(ApiError::not_found)?;
+    let current = state.dir.member_role(&ws, &user).await?;
+    // Making or unmaking an owner is the owners' call.
+    if body.role == WorkspaceRole::Owner || current == Some(WorkspaceRole::Owner) {
+        caller
+            .require(&state, Action::Own, &Resource::Workspace(ws.clone()))
+            .await?;
+    }
+    let added = state.dir.set_member(&ws, &user, body.role).await?;
+    let view = MemberView {
+        id: user.to_string(),
+        user: user.to_string(),
+        name: found.name,
+        role: role_name(body.role),
+    };
+    let status = if added {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(view)).into_response())
+}
+
+#[utoipa::path(delete, path = "/api/v1/workspaces/{ws}/members/{user}", tag = "members",
+    params(("ws" = String, Path), ("user" = String, Path)),
+    responses((status = 204), (status = 403, body = Problem), (status = 404, body = Problem), (status = 409, body = Problem)),
+    extensions(("x-agenthold-role" = json!("workspace_admin"))))]
+async fn remove_member(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((ws, user)): Path<(String, String)>,
+) -> ApiResult<Response> {
+    let ws = caller.workspace(&state, &ws, Action::Administer).await?;
+    let user = UserId::new(user).map_err(|_| ApiError::not_found())?;
+    match state.dir.member_role(&ws, &user).await? {
+        None => return Err(ApiError::not_found()),
+        Some(WorkspaceRole::Owner) => {
+            caller
+                .require(&state, Action::Own, &Resource::Workspace(ws.clone()))
+                .await?;
+        }
+        Some(_) => {}
+    }
+    state.dir.remove_member(&ws, &user).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[utoipa::path(get, path = "/api/v1/workspaces/{ws}/audit", tag = "audit",
+    params(("ws" = String, Path), PageQuery),
+    responses((status = 200, body = AuditPage), (status = 403, body = Problem), (status = 404, body = Problem)),
+    extensions(("x-agenthold-role" = json!("workspace_admin"))))]
+async fn audit_log(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+    Params(q): Params<PageQuery>,
+) -> ApiResult<Json<AuditPage>> {
+    let ws = caller.workspace(&state, &ws, Action::Administer).await?;
+    let limit = page_limit(q.limit)?;
+    let (items, next_cursor) = state.dir.audit_page(&ws, q.cursor.as_deref(), limit).await?;
+    Ok(Json(AuditPage {
+        items: items.into_iter().map(AuditView::from).collect(),
+        next_cursor,
+    }))
+}

@@ -1,0 +1,155 @@
+//! `agenthold serve`: the reference server (C3). It composes the defaults — the redb [`Store`] in the data
+//! directory, the Docker [`Runtime`] with its egress gateway, the [`Directory`] of users and workspaces
+//! and the role-based [`RoleAuthz`] — behind the HTTP API of [`api`], plus the operator's admin socket
+//! ([`admin`]).
+//!
+//! Start: load the configuration (no port is bound before it is valid), open the store, build the runtime
+//! (which reconciles: running sandboxes keep their egress and tunnel, S12), mark execs that a previous
+//! server left running as `lost`, bind the admin socket and the listener, and print the one-time local
+//! admin link when there are no users yet. Stop (SIGTERM, SIGINT): streams end with their `end` event,
+//! in-flight requests get 10 s, then the gateway stops. Sandboxes keep running; the next start takes them
+//! over.
+// enforces: C3, S12
+
+pub(crate) mod admin;
+mod api;
+mod login;
+mod records;
+mod state;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agenthold_auth::{Directory, RateLimits, RoleAuthz};
+use agenthold_core::store::RedbStore;
+use agenthold_core::{Config, Store};
+use agenthold_sandbox::Runtime;
+use anyhow::{Context, Result};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use self::state::{AppState, Shared};
+
+/// How long in-flight requests get after the stop signal.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// The reference server, built and ready to serve.
+///
+/// ```no_run
+/// # async fn demo() -> anyhow::Result<()> {
+/// let config = agenthold_core::Config::load(None)?;
+/// let server = agenthold_server::Server::start(config).await?;
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+/// server.serve(listener, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+/// # Ok(()) }
+/// ```
+pub struct Server {
+    state: AppState,
+    data_dir: PathBuf,
+}
+
+impl Server {
+    /// Build the defaults for `config`: the redb store in the data directory, the Docker runtime with its
+    /// gateway (reconciling the sandboxes a previous server left), the directory and the role authz.
+    ///
+    /// # Errors
+    /// Configuration, store, master key, CA or engine problems, each saying what to fix.
+    pub async fn start(config: Config) -> Result<Self> {
+        let data_dir = config.data_dir()?;
+        let store: Arc<dyn Store> = Arc::new(RedbStore::open_in_data_dir(&data_dir)?);
+        let runtime = Runtime::builder()
+            .config(config.clone())
+            .data_dir(&data_dir)
+            .store(Arc::clone(&store))
+            .build()
+            .await
+            .context("start the sandbox runtime")?;
+        Self::with_runtime(config, runtime, store).await
+    }
+
+    /// Build the server around a runtime built elsewhere (a custom [`Sandbox`](agenthold_core::Sandbox),
+    /// a test double) that uses `store`.
+    ///
+    /// # Errors
+    /// When the store cannot be read.
+    pub async fn with_runtime(config: Config, runtime: Runtime, store: Arc<dyn Store>) -> Result<Self> {
+        let data_dir = config.data_dir()?;
+        let dir = Arc::new(Directory::new(Arc::clone(&store), config.auth.clone()));
+        let state = AppState::new(Shared {
+            runtime: Arc::new(runtime),
+            authz: Arc::new(RoleAuthz::new(Arc::clone(&dir))),
+            limits: Arc::new(RateLimits::new(&config.auth)),
+            dir,
+            store,
+            public_url: config.server.public_url(),
+            metrics: metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .ok(),
+            config,
+            shutdown: CancellationToken::new(),
+        });
+        Ok(Self { state, data_dir })
+    }
+
+    /// The HTTP application (for serving it yourself, or calling it in-process).
+    pub fn router(&self) -> axum::Router {
+        api::app(self.state.clone(), login::routes())
+    }
+
+    /// Whether no user exists yet (the first run).
+    ///
+    /// # Errors
+    /// When the store cannot be read.
+    pub async fn has_no_users(&self) -> Result<bool> {
+        Ok(self.state.dir.user_count().await? == 0)
+    }
+
+    /// A new one-time local admin link.
+    ///
+    /// # Errors
+    /// When the store cannot be written.
+    pub async fn login_link(&self) -> Result<String> {
+        admin::login_link(&self.state).await
+    }
+
+    /// The OpenAPI document of the API.
+    #[must_use]
+    pub fn openapi() -> utoipa::openapi::OpenApi {
+        api::openapi()
+    }
+
+    /// Serve HTTP on `listener` and the admin socket in the data directory until `stop` completes; then
+    /// streams end, in-flight requests get 10 s, and the gateway stops (sandboxes keep running).
+    ///
+    /// # Errors
+    /// When the admin socket cannot be bound or the HTTP server fails.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        stop: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let shutdown = self.state.shutdown.clone();
+        let admin_listener = admin::bind(&self.data_dir).await?;
+        let admin_task = tokio::spawn(admin::serve(admin_listener, self.state.clone(), shutdown.clone()));
+        let app = self.router();
+        let closing = shutdown.clone();
+        let server = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(async move { closing.cancelled().await });
+        let mut server = std::pin::pin!(server.into_future());
+        let stopped = tokio::select! {
+            r = &mut server => { r.context("the HTTP server failed")?; false }
+            () = stop => true,
+        };
+        shutdown.cancel();
+        if stopped && tokio::time::timeout(DRAIN, &mut server).await.is_err() {
+            tracing::warn!("requests still open after {DRAIN:?}; closing them");
+        }
+        let _ = admin_task.await;
+        let _ = std::fs::remove_file(self.data_dir.join(admin::SOCKET));
+        self.state.runtime.shutdown().await;
+        Ok(())
+    }
+}

@@ -1,0 +1,89 @@
+//! What every handler shares: the runtime, the directory of users and workspaces, authz, rate limits and
+//! the server's own settings. Cheap to clone (one `Arc`).
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use agenthold_auth::{Directory, NewAuditEntry, RateLimits};
+use agenthold_core::{Authz, Config, Credential, Store, UserId, WorkspaceId};
+use agenthold_sandbox::Runtime;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
+
+/// The server's shared state.
+#[derive(Clone)]
+pub(crate) struct AppState(Arc<Shared>);
+
+/// The parts of [`AppState`].
+pub(crate) struct Shared {
+    /// Sandboxes, gateway, request logs.
+    pub(crate) runtime: Arc<Runtime>,
+    /// Users, workspaces, members, grants, tokens, sessions, audit.
+    pub(crate) dir: Arc<Directory>,
+    /// Asked before every action (S5).
+    pub(crate) authz: Arc<dyn Authz>,
+    /// Per user, per token, per client address (S13).
+    pub(crate) limits: Arc<RateLimits>,
+    /// The store the runtime and the directory use (the server's own tables live there too).
+    pub(crate) store: Arc<dyn Store>,
+    /// The configuration the server started with.
+    pub(crate) config: Config,
+    /// `server.public_url`, resolved, without a trailing slash.
+    pub(crate) public_url: String,
+    /// Prometheus text for `/metrics` (absent when another recorder was installed first).
+    pub(crate) metrics: Option<PrometheusHandle>,
+    /// Cancelled when the server shuts down: streams end with their `end` event.
+    pub(crate) shutdown: CancellationToken,
+}
+
+impl Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+impl AppState {
+    pub(crate) fn new(shared: Shared) -> Self {
+        Self(Arc::new(shared))
+    }
+
+    /// Whether the public URL is HTTPS (session cookies get `Secure` and the `__Host-` prefix).
+    pub(crate) fn https(&self) -> bool {
+        self.public_url.starts_with("https://")
+    }
+
+    /// Name of the session cookie.
+    pub(crate) fn session_cookie(&self) -> &'static str {
+        if self.https() {
+            "__Host-agenthold_session"
+        } else {
+            "agenthold_session"
+        }
+    }
+
+    /// Append to a workspace's audit log; a failure to write is logged, not returned (the action itself
+    /// already happened and was acknowledged by the store).
+    pub(crate) async fn audit(
+        &self,
+        workspace: &WorkspaceId,
+        actor: Option<(&UserId, Credential)>,
+        action: String,
+        target: String,
+        result: &str,
+        reason: Option<String>,
+    ) {
+        let entry = NewAuditEntry {
+            workspace: workspace.clone(),
+            actor: actor.map(|(u, _)| u.clone()),
+            credential: actor.map(|(_, c)| c),
+            action,
+            target,
+            result: result.to_owned(),
+            reason,
+        };
+        if let Err(e) = self.dir.audit(entry).await {
+            tracing::error!(workspace = %workspace, error = %e, "could not write the audit log");
+        }
+    }
+}
