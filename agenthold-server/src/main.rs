@@ -33,7 +33,7 @@ enum Command {
     /// Run COMMAND in a fresh network namespace whose only way out is an embedded egress gateway.
     Run(run::RunArgs),
     /// Run the reference server (HTTP API, users, workspaces, agents).
-    Serve(serve_cli::ConfigArgs),
+    Serve(serve_cli::ServeArgs),
     /// The host operator's tools for a running server (users, tokens, the local admin link).
     Admin(admin_cli::AdminArgs),
     /// Local images, built without a registry (`image build-dev`).

@@ -76,7 +76,7 @@ pub(crate) struct RunArgs {
 }
 
 /// Parse `NAME:PORT=IP:PORT`.
-fn parse_connect_to(spec: &str) -> Result<(String, u16, SocketAddr)> {
+pub(crate) fn parse_connect_to(spec: &str) -> Result<(String, u16, SocketAddr)> {
     let (from, to) = spec
         .split_once('=')
         .with_context(|| format!("{spec:?}: expected NAME:PORT=IP:PORT"))?;

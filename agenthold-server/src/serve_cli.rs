@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use agenthold_core::Config;
+use agenthold_egress::gateway::Dangerous;
 use agenthold_server::Server;
 use anyhow::{Context, Result};
 use tokio::signal::unix::{SignalKind, signal};
@@ -20,6 +21,19 @@ pub(crate) struct ConfigArgs {
     pub(crate) data_dir: Option<PathBuf>,
 }
 
+/// `agenthold serve`'s flags.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// TESTS ONLY: dial IP:PORT for NAME:PORT, even though the address guard would refuse it.
+    #[arg(long = "dangerous-connect-to", value_name = "NAME:PORT=IP:PORT")]
+    dangerous_connect_to: Vec<String>,
+    /// TESTS ONLY: trust this PEM certificate for upstream TLS, in addition to the system's roots.
+    #[arg(long, value_name = "PEM")]
+    dangerous_upstream_ca: Option<PathBuf>,
+}
+
 impl ConfigArgs {
     /// The configuration: the file, then `AGENTHOLD_*`, then `--data-dir`.
     pub(crate) fn load(&self) -> Result<Config> {
@@ -33,7 +47,7 @@ impl ConfigArgs {
 }
 
 /// `agenthold serve`; the exit code.
-pub(crate) fn run(args: &ConfigArgs) -> i32 {
+pub(crate) fn run(args: &ServeArgs) -> i32 {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -50,12 +64,25 @@ pub(crate) fn run(args: &ConfigArgs) -> i32 {
     }
 }
 
-async fn serve(args: &ConfigArgs) -> Result<()> {
-    let config = args.load()?;
+async fn serve(args: &ServeArgs) -> Result<()> {
+    let config = args.config.load()?;
+    let dangerous = Dangerous {
+        connect_to: args
+            .dangerous_connect_to
+            .iter()
+            .map(|s| crate::run::parse_connect_to(s))
+            .collect::<Result<_>>()?,
+        upstream_ca_pem: match &args.dangerous_upstream_ca {
+            Some(p) => {
+                Some(std::fs::read(p).with_context(|| format!("--dangerous-upstream-ca {}", p.display()))?)
+            }
+            None => None,
+        },
+    };
     let listen = config.server.listen;
     let link_minutes = config.auth.login_link_secs.div_ceil(60);
     let data_dir = config.data_dir()?;
-    let server = Server::start(config).await?;
+    let server = Server::start_with(config, dangerous).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listen on {listen} (server.listen)"))?;

@@ -26,6 +26,7 @@ use std::time::Duration;
 use agenthold_auth::{Directory, RateLimits, RoleAuthz};
 use agenthold_core::store::RedbStore;
 use agenthold_core::{Config, Store};
+use agenthold_egress::gateway::Dangerous;
 use agenthold_sandbox::Runtime;
 use anyhow::{Context, Result};
 use tokio::net::TcpListener;
@@ -58,12 +59,22 @@ impl Server {
     /// # Errors
     /// Configuration, store, master key, CA or engine problems, each saying what to fix.
     pub async fn start(config: Config) -> Result<Self> {
+        Self::start_with(config, Dangerous::default()).await
+    }
+
+    /// [`Server::start`] with the gateway's test-only switches (dial a loopback upstream for a name, trust
+    /// an extra upstream CA): for tests that run a real server against local upstreams.
+    ///
+    /// # Errors
+    /// As [`Server::start`].
+    pub async fn start_with(config: Config, dangerous: Dangerous) -> Result<Self> {
         let data_dir = config.data_dir()?;
         let store: Arc<dyn Store> = Arc::new(RedbStore::open_in_data_dir(&data_dir)?);
         let runtime = Runtime::builder()
             .config(config.clone())
             .data_dir(&data_dir)
             .store(Arc::clone(&store))
+            .dangerous(dangerous)
             .build()
             .await
             .context("start the sandbox runtime")?;

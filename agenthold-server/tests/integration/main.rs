@@ -19,5 +19,6 @@ mod concurrency;
 mod contract;
 mod intercept;
 mod jail;
+mod serve;
 mod support;
 mod traffic;

@@ -1,0 +1,10 @@
+//! `agenthold serve`: the reference server driven from outside, over HTTP and its admin commands, against
+//! the real Docker engine. [`support`] starts one server per test (own data dir, free port) and sweeps its
+//! engine objects afterwards.
+
+mod smoke;
+#[allow(
+    dead_code,
+    reason = "shared by the server tests; not every test uses every helper"
+)]
+pub(crate) mod support;
