@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ADVISORY_DB ?= ../shared/advisory-db
 
-.PHONY: dev test deps deps-dev lint audit unit python install-check e2e fuzz
+.PHONY: dev test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz
 
 ## dev: run the quickstart on the embedded default: a Runtime, one sandbox with an allowlist and a secret,
 ## a command against a local upstream, and the request log. Builds the dev image once (about a minute).
@@ -14,7 +14,7 @@ dev: deps-dev
 
 ## test: everything CI checks. Installs and starts what the tests need (Docker engine, nftables, …).
 ## The order matters only for speed: install-check reuses the release build `python` made.
-test: deps lint audit unit python install-check e2e
+test: deps lint audit unit api-fuzz python install-check e2e
 
 ## deps-dev: what `make dev` needs (Docker, nftables, debootstrap); deps: that plus the test tools.
 deps-dev:
@@ -40,6 +40,11 @@ audit:
 unit:
 	$(CARGO) test --workspace -- --include-ignored
 	$(CARGO) test -p agenthold-core --features sled -- --include-ignored
+
+## api-fuzz: schemathesis against a real server (scripts/api-fuzz.sh, about a minute): no 5xx, and every
+## answer (status, content type, body) as /api/v1/openapi.json describes it. Uses the binary `unit` built.
+api-fuzz: deps
+	./scripts/api-fuzz.sh
 
 ## python: build the Python wheel (maturin, one abi3 wheel for CPython >= 3.9), install it into a fresh venv
 ## and run the pytest suite against real Docker. pytest's "no tests collected" (exit 5) fails the target.

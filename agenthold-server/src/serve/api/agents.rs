@@ -148,6 +148,7 @@ impl Memory {
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateAgent {
     /// 1 to 100 characters, unique in the workspace.
+    #[schema(min_length = 1, max_length = 100, example = "builder")]
     name: String,
     /// The image (default `sandbox.image`); it must exist locally.
     image: Option<String>,
@@ -170,6 +171,7 @@ pub(crate) struct CreateAgent {
 #[serde(deny_unknown_fields)]
 pub(crate) struct UpdateAgent {
     /// A new name.
+    #[schema(min_length = 1, max_length = 100)]
     name: Option<String>,
     /// New labels (replacing all).
     labels: Option<BTreeMap<String, String>>,
@@ -198,8 +200,18 @@ pub(crate) struct GrantList {
 #[serde(deny_unknown_fields)]
 pub(crate) struct SetGrant {
     /// `admin`, `operator` or `viewer`.
-    #[schema(value_type = String, example = "operator")]
+    #[schema(value_type = RoleOnAgent, example = "operator")]
     role: AgentRole,
+}
+
+/// The document's name for [`AgentRole`] (which lives in a crate without OpenAPI types).
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case", example = "operator")]
+#[allow(dead_code, reason = "only describes AgentRole's serde form in the document")]
+pub(crate) enum RoleOnAgent {
+    Admin,
+    Operator,
+    Viewer,
 }
 
 /// The text form of an agent role.
@@ -376,6 +388,7 @@ async fn create_agent(
         None => NetworkPolicy::open(),
     };
     let memory_bytes = body.memory.as_ref().map(Memory::bytes).transpose()?;
+    let named_image = body.image.is_some();
     let spec = SandboxSpec {
         image: body.image.unwrap_or_else(|| state.config.sandbox.image.clone()),
         env: body.env.unwrap_or_default(),
@@ -419,6 +432,10 @@ async fn create_agent(
         Err(e) => {
             let _ = state.dir.unregister_agent(&ws, &agent).await;
             let _ = records::delete(state.store.as_ref(), &agent).await;
+            // An image the caller named that the engine lacks is the caller's mistake, not an outage.
+            if named_image && e.kind() == agenthold_core::ErrorKind::Unavailable {
+                return Err(ApiError::bad_request(e.to_string()));
+            }
             return Err(e.into());
         }
     }

@@ -105,6 +105,7 @@ pub(crate) struct TokenList {
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateToken {
     /// A name to recognise the token by (1 to 100 characters).
+    #[schema(min_length = 1, max_length = 100, example = "laptop")]
     name: String,
     /// Seconds until it expires (1 to 10 years); none: it does not expire.
     #[schema(minimum = 1, maximum = 315_360_000)]

@@ -8,6 +8,7 @@
 
 mod agents;
 mod caller;
+mod doc;
 mod error;
 mod health;
 mod json;
@@ -85,13 +86,16 @@ fn api_routes() -> OpenApiRouter<AppState> {
 
 /// The OpenAPI document of the API (the same list the router serves).
 pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
-    api_routes().split_for_parts().1
+    let mut doc = api_routes().split_for_parts().1;
+    doc::finish(&mut doc);
+    doc
 }
 
 /// The whole HTTP application.
 /// The whole HTTP application: the API, the probes, and `pages` (the login pages) behind the same layers.
 pub(crate) fn app(state: AppState, pages: Router<AppState>) -> Router {
-    let (api, doc) = api_routes().split_for_parts();
+    let (api, mut doc) = api_routes().split_for_parts();
+    doc::finish(&mut doc);
     let doc = serde_json::to_value(&doc).unwrap_or_default();
     let api = api
         .route(

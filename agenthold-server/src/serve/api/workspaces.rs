@@ -61,6 +61,7 @@ pub(crate) struct WorkspaceList {
 #[serde(deny_unknown_fields)]
 pub(crate) struct WorkspaceName {
     /// 1 to 100 characters.
+    #[schema(min_length = 1, max_length = 100, example = "team")]
     name: String,
 }
 
@@ -89,8 +90,21 @@ pub(crate) struct MemberList {
 #[serde(deny_unknown_fields)]
 pub(crate) struct SetRole {
     /// `owner`, `admin` or `member`.
-    #[schema(value_type = String, example = "member")]
+    #[schema(value_type = RoleInWorkspace, example = "member")]
     role: WorkspaceRole,
+}
+
+/// The document's name for [`WorkspaceRole`] (which lives in a crate without OpenAPI types).
+#[derive(ToSchema)]
+#[schema(rename_all = "snake_case", example = "member")]
+#[allow(
+    dead_code,
+    reason = "only describes WorkspaceRole's serde form in the document"
+)]
+pub(crate) enum RoleInWorkspace {
+    Owner,
+    Admin,
+    Member,
 }
 
 /// One audit log entry.

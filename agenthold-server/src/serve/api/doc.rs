@@ -1,0 +1,112 @@
+//! The answers every operation can give whatever its handler says, added to the OpenAPI document once for
+//! all routes (so a new route is described right without repeating them): error bodies are
+//! `application/problem+json`; 401 and 429 for credentials and rate limits (S7, S13); 403 for a
+//! state-changing call refused as cross-origin (S6); 404 for ids in the path; 400, 413, 415 and 422 for
+//! request bodies and query strings (the rejections of [`Body`](super::Body) and [`Params`](super::Params)).
+//! API fuzzing (`make api-fuzz`) checks the server against the document, these included.
+
+use utoipa::openapi::path::{Operation, ParameterIn};
+use utoipa::openapi::schema::{Object, Type};
+use utoipa::openapi::{Content, Header, OpenApi, Ref, RefOr, Response};
+
+use super::error::PROBLEM_JSON;
+
+/// Complete every operation of `doc` with the shared answers.
+pub(super) fn finish(doc: &mut OpenApi) {
+    for item in doc.paths.paths.values_mut() {
+        let operations = [
+            (false, item.get.as_mut()),
+            (false, item.head.as_mut()),
+            (false, item.options.as_mut()),
+            (true, item.put.as_mut()),
+            (true, item.post.as_mut()),
+            (true, item.delete.as_mut()),
+            (true, item.patch.as_mut()),
+            (true, item.trace.as_mut()),
+        ];
+        for (mutating, op) in operations {
+            if let Some(op) = op {
+                complete(op, mutating);
+            }
+        }
+    }
+}
+
+/// A response with a problem+json body.
+fn problem(description: &str) -> Response {
+    let mut response = Response::new(description);
+    response.content.insert(
+        PROBLEM_JSON.to_owned(),
+        RefOr::T(Content::new(Some(Ref::from_schema_name("Problem")))),
+    );
+    response
+}
+
+fn complete(op: &mut Operation, mutating: bool) {
+    // Error answers carry problem+json, whatever media type the annotation defaulted to.
+    // A response object needs a description (OpenAPI 3.1); the annotations often leave it to the status.
+    for (status, response) in &mut op.responses.responses {
+        let RefOr::T(response) = response else {
+            continue;
+        };
+        let code = status.parse::<u16>().unwrap_or(0);
+        if code >= 400
+            && let Some(content) = response.content.shift_remove("application/json")
+        {
+            response.content.insert(PROBLEM_JSON.to_owned(), content);
+        }
+        if response.description.is_empty() {
+            response.description = http::StatusCode::from_u16(code)
+                .ok()
+                .and_then(|s| s.canonical_reason())
+                .unwrap_or("answer")
+                .to_owned();
+        }
+    }
+    let public = op
+        .extensions
+        .as_ref()
+        .and_then(|e| e.get("x-agenthold-role"))
+        .is_some_and(|role| role == "public");
+    let params = op.parameters.as_deref().unwrap_or_default();
+    let has = |place: ParameterIn| {
+        params
+            .iter()
+            .any(|p| matches!(p, RefOr::T(p) if p.parameter_in == place))
+    };
+    let (path_ids, query) = (has(ParameterIn::Path), has(ParameterIn::Query));
+    let body = op.request_body.is_some();
+    let mut shared: Vec<(&str, Response)> = Vec::new();
+    if !public {
+        shared.push(("401", problem("no valid personal token or session cookie")));
+        let mut limited = problem("rate limited (per user, per token, per client address); see Retry-After");
+        limited.headers.insert(
+            "Retry-After".to_owned(),
+            RefOr::T(Header::new(Object::with_type(Type::Integer))),
+        );
+        shared.push(("429", limited));
+    }
+    if mutating {
+        shared.push((
+            "403",
+            problem("cross-origin request refused, or the role is too small"),
+        ));
+    }
+    if path_ids {
+        shared.push(("404", problem("no such resource, or hidden from the caller")));
+    }
+    if body || query {
+        shared.push(("400", problem("malformed request")));
+    }
+    if body {
+        shared.push(("413", problem("the body is over its size cap")));
+        shared.push(("415", problem("the body is not sent as application/json")));
+        shared.push(("422", problem("the body does not match the schema")));
+    }
+    for (status, response) in shared {
+        op.responses
+            .responses
+            .entry(status.to_owned())
+            .or_insert(RefOr::T(response));
+    }
+}
