@@ -16,6 +16,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+root=$PWD
 SCHEMATHESIS_VERSION=4.32.5
 PYTHON=${PYTHON311:-/usr/bin/python3.11}
 VENV=target/python/schemathesis
@@ -164,12 +165,13 @@ for op in "${streams[@]}"; do
 done
 
 set +e
-timeout --kill-after=10 "$FUZZ_TIMEOUT" "$VENV/bin/schemathesis" --config-file "$work/schemathesis.toml" \
+# From the work directory: schemathesis keeps a cache in the current one.
+(cd "$work" && timeout --kill-after=10 "$FUZZ_TIMEOUT" "$root/$VENV/bin/schemathesis" --config-file "$work/schemathesis.toml" \
   run "$base/api/v1/openapi.json" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
   --phases examples,coverage,fuzzing --max-examples "$FUZZ_EXAMPLES" --request-timeout 30 \
   --suppress-health-check all --seed "${FUZZ_SEED:-$RANDOM}" \
-  "${exclude[@]}" "$@"
+  "${exclude[@]}" "$@")
 rc=$?
 set -e
 if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then

@@ -50,6 +50,13 @@ pub struct SandboxSpec {
 pub const RESERVED_LABEL_PREFIXES: &[&str] =
     &["agenthold.", "com.docker.", "io.docker.", "org.dockerproject."];
 
+/// The smallest CPU limit the engine accepts.
+const MIN_CPUS: f64 = 0.01;
+/// The smallest memory limit the engine accepts (6 MiB).
+const MIN_MEMORY: u64 = 6 * 1024 * 1024;
+/// The kernel's largest process count (`PID_MAX_LIMIT` on 64-bit).
+const MAX_PIDS: u32 = 4_194_304;
+
 impl SandboxSpec {
     /// Check the whole spec, once, where it enters, and split it into what the sandbox is made of and what
     /// the gateway enforces. Checked: the image is named; labels as [`SandboxSpec::validate_labels`]; limits
@@ -69,22 +76,27 @@ impl SandboxSpec {
         if self.image.trim().is_empty() {
             return bad("image", "name an image, e.g. agenthold/dev:latest".into());
         }
+        // The engine's own floors and the kernel's ceiling: a value past them fails only when the container
+        // starts, as the engine's error, not as the bad input it is.
         if let Some(cpus) = self.cpus
-            && !(cpus.is_finite() && cpus > 0.0)
+            && !(cpus.is_finite() && cpus >= MIN_CPUS)
         {
             return bad(
                 "cpus",
-                format!("give a positive number of cores (e.g. 1.5), not {cpus}"),
+                format!("give a number of cores from {MIN_CPUS} (e.g. 1.5), not {cpus}"),
             );
         }
-        if self.memory_bytes == Some(0) {
+        if self.memory_bytes.is_some_and(|m| m < MIN_MEMORY) {
             return bad(
                 "memory",
-                "give a number of bytes, e.g. 536870912 for 512 MiB".into(),
+                format!("give at least {MIN_MEMORY} bytes (6 MiB), e.g. 536870912 for 512 MiB"),
             );
         }
-        if self.pids == Some(0) {
-            return bad("pids", "give a positive process count, e.g. 256".into());
+        if self.pids.is_some_and(|p| p == 0 || p > MAX_PIDS) {
+            return bad(
+                "pids",
+                format!("give a process count from 1 to {MAX_PIDS}, e.g. 256"),
+            );
         }
         for (key, value) in &self.env {
             check_env(key, value)?;
@@ -379,7 +391,7 @@ mod tests {
             image: "img:1".into(),
             env: BTreeMap::from([("A".into(), "1".into())]),
             cpus: Some(0.5),
-            memory_bytes: Some(1 << 20),
+            memory_bytes: Some(64 << 20),
             pids: Some(64),
             policy: NetworkPolicy::allowlist(Vec::new()),
             secrets: vec![secret("k", Some("K"))],
@@ -391,7 +403,7 @@ mod tests {
         assert_eq!(container.env().len(), 1);
         assert_eq!(
             (container.cpus(), container.memory_bytes(), container.pids()),
-            (Some(0.5), Some(1 << 20), Some(64))
+            (Some(0.5), Some(64 << 20), Some(64))
         );
         assert_eq!(container.runtime(), Some("runc"));
         assert_eq!(container.labels().len(), 1);
@@ -453,6 +465,27 @@ mod tests {
                     ..SandboxSpec::default()
                 },
                 "pids",
+            ),
+            (
+                SandboxSpec {
+                    pids: Some(MAX_PIDS + 1),
+                    ..SandboxSpec::default()
+                },
+                "pids",
+            ),
+            (
+                SandboxSpec {
+                    memory_bytes: Some(MIN_MEMORY - 1),
+                    ..SandboxSpec::default()
+                },
+                "memory",
+            ),
+            (
+                SandboxSpec {
+                    cpus: Some(0.001),
+                    ..SandboxSpec::default()
+                },
+                "cpus",
             ),
             (
                 SandboxSpec {

@@ -400,6 +400,15 @@ async fn create_agent(
     };
     // Check the spec before anything is recorded, so bad input changes nothing.
     spec.clone().split()?;
+    // The engine refuses more CPUs than the host has only when it creates the container.
+    if let (Some(cpus), Ok(host)) = (spec.cpus, std::thread::available_parallelism()) {
+        let host = u32::try_from(host.get()).unwrap_or(u32::MAX);
+        if cpus > f64::from(host) {
+            return Err(ApiError::bad_request(format!(
+                "cpus {cpus}: this host has {host} CPUs"
+            )));
+        }
+    }
     let taken = records::load_many(state.store.as_ref(), &state.dir.agents_in(&ws).await?)
         .await?
         .into_iter()
