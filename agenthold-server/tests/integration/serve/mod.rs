@@ -1,7 +1,17 @@
 //! `agenthold serve`: the reference server driven from outside, over HTTP and its admin commands, against
 //! the real Docker engine. [`support`] starts one server per test (own data dir, free port) and sweeps its
 //! engine objects afterwards.
+//!
+//! - [`matrix`]: every operation of the OpenAPI document × every role × both credentials (S5, S7).
+//! - [`bad_input`]: malformed requests, refused credentials, rate limits, cross-origin writes.
 
+mod bad_input;
+#[allow(
+    dead_code,
+    reason = "shared by the server tests; not every test uses every helper"
+)]
+pub(crate) mod client;
+mod matrix;
 mod smoke;
 #[allow(
     dead_code,
