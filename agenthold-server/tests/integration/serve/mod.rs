@@ -4,6 +4,7 @@
 //!
 //! - [`matrix`]: every operation of the OpenAPI document × every role × both credentials (S5, S7).
 //! - [`bad_input`]: malformed requests, refused credentials, rate limits, cross-origin writes.
+//! - [`crash`]: `kill -9` during a burst of writes; what was acknowledged survives, egress comes back.
 
 mod bad_input;
 #[allow(
@@ -11,6 +12,7 @@ mod bad_input;
     reason = "shared by the server tests; not every test uses every helper"
 )]
 pub(crate) mod client;
+mod crash;
 mod matrix;
 mod smoke;
 #[allow(
