@@ -326,12 +326,8 @@ fn bad_requests_and_refused_credentials_get_a_problem_and_change_nothing() {
             Some(json!({"role": "owner"})),
         ),
         ("GET", agent_path.clone(), None),
-        (
-            "PUT",
-            policy_path.clone(),
-            Some(json!({"mode": "open", "entries": []})),
-        ),
-        ("DELETE", agent_path.clone(), None),
+        ("PUT", policy_path, Some(json!({"mode": "open", "entries": []}))),
+        ("DELETE", agent_path, None),
         ("DELETE", format!("/api/v1/me/tokens/{token_id}"), None),
     ] {
         let answer = call(&server, method, &path, &bob_auth, body.as_ref());

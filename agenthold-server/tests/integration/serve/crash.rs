@@ -68,7 +68,7 @@ struct Acked {
 }
 
 /// Keep writing one kind of thing until the server stops answering.
-fn writer(base: String, kind: usize, ctx: Arc<Context>) -> Acked {
+fn writer(base: &str, kind: usize, ctx: &Context) -> Acked {
     let mut acked = Acked::default();
     for i in 0.. {
         if ctx.stop.load(Ordering::Relaxed) {
@@ -110,7 +110,7 @@ fn writer(base: String, kind: usize, ctx: Arc<Context>) -> Acked {
         if kind == 3 {
             acked.in_flight_policy = Some(body["entries"].clone());
         }
-        let answer: Answer = match client::request(&base, method, &path, auth, Some(&body), &[]) {
+        let answer: Answer = match client::request(base, method, &path, auth, Some(&body), &[]) {
             Ok(a) => a,
             Err(_) => break,
         };
@@ -217,7 +217,7 @@ fn writes_acknowledged_before_kill_9_survive_it() {
     let writers: Vec<_> = (0..4)
         .map(|kind| {
             let (base, ctx) = (server.base.clone(), Arc::clone(&ctx));
-            std::thread::spawn(move || writer(base, kind, ctx))
+            std::thread::spawn(move || writer(&base, kind, &ctx))
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -311,7 +311,7 @@ fn credentials(world: &World<'_>, report: &mut Report) {
         theirs.status == 404 && theirs.body == none.body,
         &theirs,
     );
-    let still = me(server, &Auth::Token(viewer.spare_token.clone()));
+    let still = me(server, &Auth::Token(viewer.spare_token));
     expect(
         "my token after another user tried to revoke it",
         still.status == 200,
