@@ -101,7 +101,7 @@ pub(crate) struct AgentQuery {
     state: Option<String>,
     /// From a previous page's `next_cursor`.
     cursor: Option<String>,
-    /// Agents per page, 1 to 500 (default 100).
+    /// Agents per page, 1 to 1000 (default 100).
     limit: Option<usize>,
 }
 
@@ -308,7 +308,11 @@ async fn list_agents(
     Params(q): Params<AgentQuery>,
 ) -> ApiResult<Json<AgentList>> {
     let ws = caller.workspace(&state, &ws, Action::View).await?;
-    let limit = super::workspaces::page_limit(q.limit)?;
+    let limit = match q.limit {
+        None => 100,
+        Some(n @ 1..=1000) => n,
+        Some(n) => return Err(ApiError::bad_request(format!("limit must be 1 to 1000, found {n}"))),
+    };
     let mut wanted = BTreeMap::new();
     for pair in q
         .label
