@@ -91,6 +91,15 @@ impl Running {
         let task = tokio::spawn(server.serve(listener, async move {
             let _ = rx.await;
         }));
+        // `serve` binds the admin socket first thing; wait for it.
+        let socket = data_dir.join("admin.sock");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            if Instant::now() > deadline {
+                bail!("the server did not bind {}", socket.display());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         Ok(Self {
             base,
             data_dir,
