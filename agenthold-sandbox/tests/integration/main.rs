@@ -14,6 +14,7 @@ mod gvisor;
 mod labels;
 mod leaks;
 mod lifecycle;
+mod live_secrets;
 mod pool;
 mod probe;
 mod reconcile;
