@@ -15,7 +15,6 @@ pub(crate) mod admin;
 mod api;
 mod login;
 mod records;
-mod rt_shim;
 mod secrets;
 mod state;
 

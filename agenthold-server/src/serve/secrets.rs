@@ -14,8 +14,6 @@
 //! record gets its set applied again.
 // enforces: E10 E12 S15
 
-#[allow(unused_imports)]
-use crate::serve::rt_shim::RtShim as _;
 use agenthold_core::secret::{Placeholder, Preset, SecretRule, SecretSpec, SecretValue};
 use agenthold_core::{AgentId, SecretId, Store, UserId, Vault, WorkspaceId};
 use base64::Engine as _;

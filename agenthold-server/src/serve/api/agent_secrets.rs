@@ -5,8 +5,6 @@
 //! the server keeps the attachments (see `serve::secrets`) so secret changes reach every agent.
 // enforces: E12
 
-#[allow(unused_imports)]
-use crate::serve::rt_shim::RtShim as _;
 use agenthold_core::{Action, SecretId};
 use axum::Json;
 use axum::extract::{Path, State};

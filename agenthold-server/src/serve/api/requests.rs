@@ -13,19 +13,17 @@
 //! agent's held entries. One broadcast receiver per subscriber: nothing polls.
 // enforces: E16
 
-#[allow(unused_imports)]
-use crate::serve::rt_shim::RtShim as _;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use agenthold_core::{Action, AgentId};
 use agenthold_egress::log::{Decision, LogEntry, LogKind};
+use agenthold_sandbox::Runtime;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use axum::response::sse::Event;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio_util::sync::CancellationToken;
@@ -254,7 +252,7 @@ async fn stream_requests(
     }
     let last = Arc::new(AtomicU64::new(after));
     let tail = Tail {
-        state: state.clone(),
+        runtime: Arc::clone(&state.runtime),
         agent,
         key: key.clone(),
         filter,
@@ -265,7 +263,19 @@ async fn stream_requests(
         done: false,
     };
     let events = futures_util::stream::unfold(tail, |mut tail| async move {
-        tail.next().await.map(|event| (event, tail))
+        let event = match tail.next().await? {
+            Item::Entry(entry) => sse::event(
+                &tail.key,
+                entry.seq,
+                "request",
+                &EntryEvent {
+                    kind: "request",
+                    entry: &entry,
+                },
+            ),
+            Item::End(n, reason) => sse::end_event(&tail.key, n, reason),
+        };
+        Some((event, tail))
     });
     Ok(sse::respond(
         events,
@@ -275,9 +285,18 @@ async fn stream_requests(
     ))
 }
 
+/// What a [`Tail`] produces.
+#[derive(Debug)]
+enum Item {
+    /// An entry to send.
+    Entry(Arc<LogEntry>),
+    /// The end, with the resume point and why.
+    End(u64, &'static str),
+}
+
 /// One subscriber's position in an agent's log.
 struct Tail {
-    state: AppState,
+    runtime: Arc<Runtime>,
     agent: AgentId,
     key: String,
     filter: Filter,
@@ -291,63 +310,54 @@ struct Tail {
 }
 
 impl Tail {
-    /// The next event; `None` after `end`.
-    async fn next(&mut self) -> Option<Event> {
+    /// The next item; `None` after the end.
+    async fn next(&mut self) -> Option<Item> {
         if self.done {
             return None;
         }
         loop {
             while let Some(entry) = self.queue.pop_front() {
-                if let Some(event) = self.pass(&entry) {
-                    return Some(event);
+                if self.pass(&entry) {
+                    return Some(Item::Entry(Arc::new(entry)));
                 }
             }
             let received = tokio::select! {
                 biased;
                 () = self.gone.cancelled() => {
                     self.done = true;
-                    let n = self.last.load(Ordering::Relaxed);
-                    return Some(sse::end_event(&self.key, n, "agent deleted"));
+                    return Some(Item::End(self.last.load(Ordering::Relaxed), "agent deleted"));
                 }
                 r = self.live.recv() => r,
             };
             match received {
                 Ok(entry) if entry.agent == self.agent => {
-                    if let Some(event) = self.pass(&entry) {
-                        return Some(event);
+                    if self.pass(&entry) {
+                        return Some(Item::Entry(entry));
                     }
                 }
                 Ok(_) => {}
                 Err(RecvError::Lagged(_)) => {
                     // Fell behind the broadcast: what it skipped is still in the agent's ring.
                     let after = self.last.load(Ordering::Relaxed);
-                    self.queue = self.state.runtime.request_log_since(&self.agent, after).into();
+                    self.queue = self.runtime.request_log_since(&self.agent, after).into();
                 }
                 Err(RecvError::Closed) => {
                     self.done = true;
-                    let n = self.last.load(Ordering::Relaxed);
-                    return Some(sse::end_event(&self.key, n, "request log closed"));
+                    return Some(Item::End(self.last.load(Ordering::Relaxed), "request log closed"));
                 }
             }
         }
     }
 
-    /// The event for `entry` if it is new and wanted; moves the resume point past it either way.
-    fn pass(&self, entry: &LogEntry) -> Option<Event> {
+    /// Whether `entry` is new and wanted; moves the resume point past it either way.
+    fn pass(&self, entry: &LogEntry) -> bool {
         if entry.seq <= self.last.load(Ordering::Relaxed) {
-            return None;
+            return false;
         }
         self.last.store(entry.seq, Ordering::Relaxed);
-        self.filter.wants(entry).then(|| {
-            sse::event(
-                &self.key,
-                entry.seq,
-                "request",
-                &EntryEvent {
-                    kind: "request",
-                    entry,
-                },
-            )
-        })
+        self.filter.wants(entry)
     }
 }
+
+#[cfg(test)]
+mod tests;

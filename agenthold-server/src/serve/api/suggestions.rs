@@ -10,14 +10,12 @@
 //! left out, so an approved suggestion disappears.
 // enforces: E8
 
-#[allow(unused_imports)]
-use crate::serve::rt_shim::RtShim as _;
 use std::collections::HashMap;
 use std::net::IpAddr;
 
 use agenthold_core::policy::{DenyReason, Destination, PolicyEntry, PolicyMode};
 use agenthold_core::{Action, NetworkPolicy};
-use agenthold_egress::log::{LogKind, Reason};
+use agenthold_egress::log::{LogEntry, LogKind, Reason};
 use axum::Json;
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};
@@ -114,9 +112,18 @@ async fn list_suggestions(
 ) -> ApiResult<Json<SuggestionList>> {
     let (_, agent, _) = agent_meta(&state, &caller, &ws, &agent, Action::View).await?;
     let policy = state.runtime.policy(&agent).await?;
+    let items = suggest(state.runtime.request_log_since(&agent, 0), &policy);
+    Ok(Json(SuggestionList {
+        items,
+        next_cursor: None,
+    }))
+}
+
+/// The suggestions from `entries` (oldest first) that `policy` does not allow yet, most recent first.
+fn suggest(entries: Vec<LogEntry>, policy: &NetworkPolicy) -> Vec<Suggestion> {
     // (host, port) → (count, last time, seq of the last entry)
     let mut groups: HashMap<(String, Option<u16>), (u64, String, u64)> = HashMap::new();
-    for e in state.runtime.request_log_since(&agent, 0) {
+    for e in entries {
         let refused = matches!(
             e.reason,
             Some(Reason::Denied(DenyReason::NotInAllowlist) | Reason::ReportOnly(DenyReason::NotInAllowlist))
@@ -134,7 +141,7 @@ async fn list_suggestions(
     }
     let mut items: Vec<(u64, Suggestion)> = groups
         .into_iter()
-        .filter(|((host, port), _)| !allowed(&policy, host, *port))
+        .filter(|((host, port), _)| !allowed(policy, host, *port))
         .filter_map(|((host, port), (count, last_time, seq))| {
             let entry = entry_for(&host, port).ok()?.to_string();
             Some((
@@ -149,11 +156,8 @@ async fn list_suggestions(
             ))
         })
         .collect();
-    items.sort_by(|a, b| b.0.cmp(&a.0));
-    Ok(Json(SuggestionList {
-        items: items.into_iter().map(|(_, s)| s).collect(),
-        next_cursor: None,
-    }))
+    items.sort_by_key(|(seq, _)| std::cmp::Reverse(*seq));
+    items.into_iter().map(|(_, s)| s).collect()
 }
 
 #[utoipa::path(post, path = "/api/v1/workspaces/{ws}/agents/{agent}/network-policy/suggestions/approve", tag = "network policy",
@@ -189,4 +193,88 @@ async fn approve_suggestion(
         tracing::info!(agent = %agent, entry = %entry, "suggestion approved");
     }
     Ok(Json(PolicyBody::from(&policy)))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use agenthold_core::policy::Verdict;
+    use agenthold_core::{AgentId, PolicyMode};
+
+    use super::*;
+
+    fn entry(seq: u64, kind: LogKind, host: &str, port: u16, verdict: Verdict) -> LogEntry {
+        let mut e = LogEntry::new(&AgentId::new("a1").unwrap(), kind, verdict).to(host, port);
+        e.seq = seq;
+        e.time = format!("t{seq}");
+        e
+    }
+
+    // covers: E8
+    #[test]
+    fn groups_allowlist_refusals_and_names_their_entry() {
+        let no = Verdict::Denied(DenyReason::NotInAllowlist);
+        let log = vec![
+            entry(1, LogKind::Dns, "pypi.org", 53, no),
+            entry(2, LogKind::Connect, "PyPI.org", 443, no),
+            entry(3, LogKind::Connect, "pypi.org", 443, no),
+            entry(4, LogKind::Tcp, "git.example.com", 22, no),
+            entry(5, LogKind::Tcp, "203.0.113.9", 8443, no),
+            entry(6, LogKind::Tcp, "2001:db8::1", 443, no),
+            entry(
+                7,
+                LogKind::Tls,
+                "guarded.example",
+                443,
+                Verdict::Denied(DenyReason::BlockedAddress),
+            ),
+            entry(8, LogKind::Tls, "allowed.example", 443, Verdict::Allowed),
+            entry(
+                9,
+                LogKind::Tls,
+                "reported.example",
+                443,
+                Verdict::Reported(DenyReason::NotInAllowlist),
+            ),
+            entry(10, LogKind::Tls, "later.example", 443, no),
+        ];
+        let policy = NetworkPolicy::parse(PolicyMode::Allowlist, &["later.example"]).unwrap();
+        let got: Vec<(String, Option<u16>, u64, String, String)> = suggest(log, &policy)
+            .into_iter()
+            .map(|s| (s.host, s.port, s.count, s.last_time, s.entry))
+            .collect();
+        let want = [
+            ("reported.example", Some(443), 1, "t9", "reported.example"),
+            ("2001:db8::1", Some(443), 1, "t6", "[2001:db8::1]"),
+            ("203.0.113.9", Some(8443), 1, "t5", "203.0.113.9:8443"),
+            ("git.example.com", Some(22), 1, "t4", "git.example.com:22"),
+            ("pypi.org", Some(443), 2, "t3", "pypi.org"),
+            ("pypi.org", None, 1, "t1", "pypi.org"),
+        ];
+        let want: Vec<_> = want
+            .iter()
+            .map(|(h, p, c, t, e)| ((*h).to_owned(), *p, *c, (*t).to_owned(), (*e).to_owned()))
+            .collect();
+        assert_eq!(got, want);
+        assert!(suggest(Vec::new(), &policy).is_empty());
+        let open = NetworkPolicy::open();
+        let log = vec![entry(1, LogKind::Dns, "pypi.org", 53, no)];
+        assert!(suggest(log, &open).is_empty(), "an open policy allows everything");
+    }
+
+    // covers: E8
+    #[test]
+    fn entries_are_checked() {
+        assert_eq!(entry_for("pypi.org", None).unwrap().to_string(), "pypi.org");
+        assert_eq!(entry_for("pypi.org", Some(80)).unwrap().to_string(), "pypi.org");
+        assert_eq!(
+            entry_for("pypi.org", Some(5432)).unwrap().to_string(),
+            "pypi.org:5432"
+        );
+        for (host, port) in [("", None), ("bad host", None), ("pypi.org", Some(0)), ("*", None)] {
+            assert!(entry_for(host, port).is_err(), "{host:?} {port:?}");
+        }
+        assert!(entry_for(&"a".repeat(300), None).is_err());
+    }
 }

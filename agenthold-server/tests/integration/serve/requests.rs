@@ -329,3 +329,80 @@ fn suggestions_show_denials_and_approval_allows_at_once() {
     );
     assert_eq!(r.status, 409, "{:?}", r.body);
 }
+
+/// CPU seconds `pid` has used (user and system).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) start at ") ".
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    #[allow(clippy::cast_precision_loss)]
+    let seconds = ticks as f64 / 100.0;
+    seconds
+}
+
+// covers: E16, E20
+#[test]
+#[ignore = "needs root and Docker; make test runs it"]
+fn a_thousand_subscribers_on_one_agent_stay_cheap() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    // Two sockets per subscriber in this process and the server it starts (which inherits the limit).
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_some_and(|c| c < 4096) {
+        let raised = limit.maximum.map_or(8192, |m| m.min(8192));
+        setrlimit(
+            Resource::Nofile,
+            rustix::process::Rlimit {
+                current: Some(raised),
+                maximum: limit.maximum,
+            },
+        )
+        .unwrap();
+    }
+    let world = World::start_with("auth:\n  rate_per_user: 0\n  rate_per_token: 0\n");
+    let s = &world.server;
+    let agent = world.agent("a", &json!({"mode": "allowlist", "entries": [API]}));
+    let stream = world.path(&format!("/agents/{agent}/requests/stream"));
+    let mut tails: Vec<Sse> = (0..1000)
+        .map(|_| Sse::open(s, &stream, &world.alice, &[]))
+        .collect();
+    assert!(tails.iter().all(|t| t.status == 200));
+
+    // Idle subscribers cost nothing: no polling.
+    let pid = s.pid().unwrap();
+    let before = cpu_seconds(pid);
+    std::thread::sleep(Duration::from_secs(3));
+    let idle = cpu_seconds(pid) - before;
+    assert!(idle < 0.5, "1000 idle subscribers used {idle:.2} s of CPU in 3 s");
+
+    // One request reaches every subscriber.
+    let started = std::time::Instant::now();
+    assert_eq!(world.curl_http(&agent, API, "/fan-out"), 200);
+    for (i, tail) in tails.iter_mut().enumerate() {
+        loop {
+            let e = tail
+                .next(Duration::from_secs(30))
+                .unwrap_or_else(|| panic!("subscriber {i} got nothing"));
+            if e.data["path"] == "/fan-out" {
+                break;
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_secs(20),
+        "fan-out to 1000 took {elapsed:?}"
+    );
+    eprintln!("fan-out of one request to 1000 subscribers: {elapsed:?}; idle CPU {idle:.2} s in 3 s");
+    assert_eq!(
+        s.call(
+            "GET",
+            &world.path(&format!("/agents/{agent}")),
+            &world.alice,
+            None
+        )
+        .status,
+        200
+    );
+}

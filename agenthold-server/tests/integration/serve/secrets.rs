@@ -410,3 +410,87 @@ fn roles_and_bad_input_change_nothing() {
     );
     assert_eq!(list.body["items"].as_array().unwrap().len(), 1, "{:?}", list.body);
 }
+
+// covers: E10, E12, S12
+#[test]
+#[ignore = "needs root and Docker; make test runs it"]
+fn attachments_survive_a_restart_and_lagging_ones_are_applied_again() {
+    let mut world = World::start();
+    let agent = world.agent("a", &json!({"mode": "allowlist", "entries": [API]}));
+    let created = world.server.call(
+        "POST",
+        &world.path("/secrets"),
+        &world.alice,
+        Some(&json!({"name": "k", "value": V1, "hosts": [API], "header": "Authorization"})),
+    );
+    let secret = created.body["id"].as_str().unwrap().to_owned();
+    let attach = world.path(&format!("/agents/{agent}/secrets/{secret}"));
+    let r = world
+        .server
+        .call("PUT", &attach, &world.alice, Some(&json!({"env": "K"})));
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let placeholder = r.body["placeholder"].clone();
+    let listed = format!("/agents/{agent}/secrets");
+
+    // A clean restart: same placeholder, still injected, and changes still reach the agent.
+    assert_eq!(world.server.stop(), Some(0));
+    world.server.spawn();
+    let list = world.server.call("GET", &world.path(&listed), &world.alice, None);
+    assert_eq!(
+        list.body["items"][0]["placeholder"], placeholder,
+        "{:?}",
+        list.body
+    );
+    assert_eq!(request(&world, &agent, "/restarted").as_deref(), Some(V1));
+    let r = world.server.call(
+        "PUT",
+        &world.path(&format!("/secrets/{secret}")),
+        &world.alice,
+        Some(&json!({"value": V2})),
+    );
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(request(&world, &agent, "/changed").as_deref(), Some(V2));
+
+    // A server killed between storing a change and applying it: the attachment's revision is behind.
+    // The next start applies the set again.
+    world.server.kill9();
+    let data_dir = world.server.data_dir();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use agenthold_core::Store as _;
+        let store = agenthold_core::store::RedbStore::open_in_data_dir(&data_dir).unwrap();
+        let bytes = store
+            .get("srv_agent_secrets", agent.as_bytes())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut atts: Value = serde_json::from_slice(&bytes).unwrap();
+        atts["items"][0]["revision"] = json!(1);
+        store
+            .put(
+                "srv_agent_secrets",
+                agent.as_bytes(),
+                &serde_json::to_vec(&atts).unwrap(),
+            )
+            .await
+            .unwrap();
+    });
+    world.server.spawn();
+    assert!(
+        world
+            .server
+            .log()
+            .contains("secrets applied again after a restart"),
+        "{}",
+        world.server.log()
+    );
+    let list = world.server.call("GET", &world.path(&listed), &world.alice, None);
+    assert_eq!(
+        list.body["items"][0]["placeholder"], placeholder,
+        "{:?}",
+        list.body
+    );
+    assert_eq!(request(&world, &agent, "/reapplied").as_deref(), Some(V2));
+    for value in [V1, V2] {
+        assert!(!world.server.log().contains(value), "{value} in the server log");
+    }
+}

@@ -40,6 +40,11 @@ pub(crate) struct World {
 impl World {
     /// Upstreams, a server pointed at them, user alice and her workspace.
     pub(crate) fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// [`World::start`] with `extra_yaml` in the server's configuration.
+    pub(crate) fn start_with(extra_yaml: &str) -> Self {
         agenthold_testsupport::require_root();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -58,7 +63,7 @@ impl World {
         std::fs::write(&ca_path, ca.pem()).unwrap();
         let (up, plain) = (https.addr(), http.addr());
         let server = TestServer::start_with(
-            &format!("egress:\n  dns_upstream: {}\n", dns.addr()),
+            &format!("egress:\n  dns_upstream: {}\n{extra_yaml}", dns.addr()),
             &[
                 "--dangerous-connect-to",
                 &format!("{API}:443={up}"),
