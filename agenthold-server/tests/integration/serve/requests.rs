@@ -160,7 +160,7 @@ fn take(tail: &mut Sse, agent: &str, got: &mut Vec<u64>, path: &str) -> String {
 #[test]
 #[ignore = "needs root and Docker; make test runs it"]
 fn live_tail_resumes_without_loss_or_duplicates() {
-    let world = World::start();
+    let mut world = World::start();
     let s = &world.server;
     let agent = world.agent("a", &json!({"mode": "allowlist", "entries": [API]}));
     let other = world.agent("b", &json!({"mode": "allowlist", "entries": [API]}));
@@ -230,6 +230,18 @@ fn live_tail_resumes_without_loss_or_duplicates() {
     assert_eq!(end.event, "end", "{end:?}");
     assert_eq!(end.data["type"], "end");
     assert!(tail.next(Duration::from_secs(5)).is_none(), "nothing after end");
+
+    // Stopping the server ends a stream with `end` too.
+    let stream = world.path(&format!("/agents/{other}/requests/stream"));
+    let mut tail = Sse::open(&world.server, &stream, &world.alice, &[]);
+    assert_eq!(tail.status, 200);
+    take(&mut tail, &other, &mut Vec::new(), "/other-agent");
+    assert_eq!(world.server.stop(), Some(0));
+    let end = tail.next(Duration::from_secs(15)).expect("an end event");
+    assert_eq!(
+        (end.event.as_str(), &end.data["reason"]),
+        ("end", &json!("server shutting down"))
+    );
 }
 
 // covers: E8, E16, S5, P4

@@ -113,15 +113,32 @@ impl World {
     }
 
     /// A running agent of alice's with `policy`; its id.
+    ///
+    /// Several servers (tests) on one engine can pick the same free /24 at once; the engine then refuses
+    /// the later network ("Pool overlaps"), and the refused creation leaves nothing behind: try again.
     pub(crate) fn agent(&self, name: &str, policy: &Value) -> String {
-        let r = self.server.call(
-            "POST",
-            &self.path("/agents"),
-            &self.alice,
-            Some(&json!({"name": name, "policy": policy})),
+        for _ in 0..5 {
+            let r = self.server.call(
+                "POST",
+                &self.path("/agents"),
+                &self.alice,
+                Some(&json!({"name": name, "policy": policy})),
+            );
+            if r.status == 502
+                && r.body["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("Pool overlaps"))
+            {
+                std::thread::sleep(Duration::from_millis(500));
+                continue;
+            }
+            assert_eq!(r.status, 201, "{:?}\n{}", r.body, self.server.log());
+            return r.body["id"].as_str().unwrap().to_owned();
+        }
+        panic!(
+            "the engine kept refusing the agent's network: {}",
+            self.server.log()
         );
-        assert_eq!(r.status, 201, "{:?}\n{}", r.body, self.server.log());
-        r.body["id"].as_str().unwrap().to_owned()
     }
 
     /// `sh -c script` in the agent's container (`docker exec`, bounded): exit code and stdout.
