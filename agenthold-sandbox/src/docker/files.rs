@@ -305,6 +305,7 @@ fn failed(context: String, out: &ExecOutput) -> Error {
 mod tests {
     use super::*;
 
+    // covers: P1
     #[test]
     fn find_records_parse_and_odd_ones_are_refused() {
         let entry = parse_entry(b"l 7 777 1700000000.5000000000 lib").unwrap();

@@ -172,6 +172,7 @@ mod tests {
         assert_eq!(message_of(b"plain words\n"), "plain words");
     }
 
+    // covers: E20 (terminal output is never taken for a frame header and buffered)
     /// A fake engine on a Unix socket: answers the upgrade, then writes output that bollard's decoder
     /// would take for a frame header; the bytes come through as they are, and input reaches it.
     #[tokio::test]

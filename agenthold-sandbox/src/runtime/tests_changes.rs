@@ -171,6 +171,7 @@ async fn secrets_change_on_a_live_agent_and_survive_a_restart() {
     runtime.shutdown().await;
 }
 
+// covers: E12
 #[tokio::test]
 async fn bad_secret_changes_are_refused_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -120,6 +120,12 @@ impl Server {
         api::app(self.state.clone(), login::routes())
     }
 
+    /// The runtime the server drives (for embedding code and benchmarks that compare with it).
+    #[must_use]
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.state.runtime
+    }
+
     /// Whether no user exists yet (the first run).
     ///
     /// # Errors
