@@ -312,7 +312,11 @@ async fn list_agents(
     let limit = match q.limit {
         None => 100,
         Some(n @ 1..=1000) => n,
-        Some(n) => return Err(ApiError::bad_request(format!("limit must be 1 to 1000, found {n}"))),
+        Some(n) => {
+            return Err(ApiError::bad_request(format!(
+                "limit must be 1 to 1000, found {n}"
+            )));
+        }
     };
     let mut wanted = BTreeMap::new();
     for pair in q
@@ -493,6 +497,8 @@ async fn delete_agent(
     }
     state.dir.unregister_agent(&ws, &agent).await?;
     records::delete(state.store.as_ref(), &agent).await?;
+    crate::serve::secrets::forget_agent(state.store.as_ref(), &agent).await;
+    state.agents_gone.fire(&agent);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

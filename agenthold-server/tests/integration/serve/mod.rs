@@ -2,9 +2,16 @@
 //! the real Docker engine. [`support`] starts one server per test (own data dir, free port) and sweeps its
 //! engine objects afterwards.
 
+mod requests;
+mod secrets;
 mod smoke;
 #[allow(
     dead_code,
     reason = "shared by the server tests; not every test uses every helper"
 )]
 pub(crate) mod support;
+#[allow(
+    dead_code,
+    reason = "shared by the egress tests; not every test uses every helper"
+)]
+pub(crate) mod world;
