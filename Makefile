@@ -4,11 +4,18 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ADVISORY_DB ?= ../shared/advisory-db
 
-.PHONY: dev test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz
+.PHONY: dev quickstart test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz
 
-## dev: run the quickstart on the embedded default: a Runtime, one sandbox with an allowlist and a secret,
-## a command against a local upstream, and the request log. Builds the dev image once (about a minute).
+## dev: the reference server on a throwaway data directory with a demo workspace and agent made through the
+## API; it prints the local admin link and a token. Ctrl-C removes everything it made. Builds the dev image
+## once (about a minute). `make quickstart` runs the embedded-runtime quickstart instead.
 dev: deps-dev
+	$(CARGO) run -q -p agenthold-server -- image build-dev
+	./scripts/dev-server.sh
+
+## quickstart: the embedded default: a Runtime, one sandbox with an allowlist and a secret, a command against
+## a local upstream, and the request log.
+quickstart: deps-dev
 	$(CARGO) run -q -p agenthold-server -- image build-dev
 	$(CARGO) run -q -p agenthold-examples --bin quickstart
 

@@ -37,7 +37,9 @@ ALLOWED = {
     "agenthold-python": {"agenthold-core", "agenthold-egress", "agenthold-sandbox"},
     "agenthold-testsupport": {"agenthold-core", "agenthold-egress"},
     "agenthold-examples": {"agenthold-core", "agenthold-egress", "agenthold-sandbox", "agenthold-testsupport"},
-    "agenthold-benches": {"agenthold-core", "agenthold-egress", "agenthold-sandbox", "agenthold-testsupport"},
+    "agenthold-benches": {
+        "agenthold-core", "agenthold-egress", "agenthold-sandbox", "agenthold-server", "agenthold-testsupport",
+    },
 }
 TAG = re.compile(r"^\s*(?://!?|#)\s*enforces:\s*(.+)$")
 ID = re.compile(r"\b([A-Z][0-9]{1,2})\b")

@@ -6,7 +6,7 @@
 #   scripts/ensure-deps.sh test   all of the above, plus the clients the tests drive (curl, git, openssl, node,
 #                                 python requests), dnsmasq, gVisor (runsc) and cargo-audit
 #
-# `make dev` installs only the first set, so a new machine reaches the quickstart without waiting for test tools
+# `make dev` installs only the first set, so a new machine reaches the server without waiting for test tools
 # (cargo-audit alone takes about ten minutes to build).
 set -euo pipefail
 

@@ -15,6 +15,7 @@ pub(crate) mod admin;
 mod api;
 mod login;
 mod records;
+mod secrets;
 mod state;
 
 use std::future::Future;
@@ -25,7 +26,8 @@ use std::time::Duration;
 
 use agenthold_auth::{Directory, RateLimits, RoleAuthz};
 use agenthold_core::store::RedbStore;
-use agenthold_core::{Config, Store};
+use agenthold_core::vault::MasterKey;
+use agenthold_core::{Config, Store, Vault};
 use agenthold_egress::gateway::Dangerous;
 use agenthold_sandbox::Runtime;
 use anyhow::{Context, Result};
@@ -89,6 +91,10 @@ impl Server {
     pub async fn with_runtime(config: Config, runtime: Runtime, store: Arc<dyn Store>) -> Result<Self> {
         let data_dir = config.data_dir()?;
         let dir = Arc::new(Directory::new(Arc::clone(&store), config.auth.clone()));
+        // The runtime's master key (the runtime created the key file if there was none).
+        let vault = Arc::new(Vault::new(
+            MasterKey::load_from_env_or_file(&config.master_key_file()?).context("load the master key")?,
+        ));
         let state = AppState::new(Shared {
             runtime: Arc::new(runtime),
             authz: Arc::new(RoleAuthz::new(Arc::clone(&dir))),
@@ -101,13 +107,23 @@ impl Server {
                 .ok(),
             config,
             shutdown: CancellationToken::new(),
+            vault,
+            edits: tokio::sync::Mutex::new(()),
+            agents_gone: state::AgentSignals::default(),
         });
+        secrets::reconcile(&state).await;
         Ok(Self { state, data_dir })
     }
 
     /// The HTTP application (for serving it yourself, or calling it in-process).
     pub fn router(&self) -> axum::Router {
         api::app(self.state.clone(), login::routes())
+    }
+
+    /// The runtime the server drives (for embedding code and benchmarks that compare with it).
+    #[must_use]
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.state.runtime
     }
 
     /// Whether no user exists yet (the first run).

@@ -1,11 +1,12 @@
 //! What every handler shares: the runtime, the directory of users and workspaces, authz, rate limits and
 //! the server's own settings. Cheap to clone (one `Arc`).
 
+use std::collections::HashMap;
 use std::ops::Deref;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use agenthold_auth::{Directory, NewAuditEntry, RateLimits};
-use agenthold_core::{Authz, Config, Credential, Store, UserId, WorkspaceId};
+use agenthold_core::{AgentId, Authz, Config, Credential, Store, UserId, Vault, WorkspaceId};
 use agenthold_sandbox::Runtime;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
@@ -34,6 +35,41 @@ pub(crate) struct Shared {
     pub(crate) metrics: Option<PrometheusHandle>,
     /// Cancelled when the server shuts down: streams end with their `end` event.
     pub(crate) shutdown: CancellationToken,
+    /// Seals and opens workspace secrets' values (the runtime's master key, E10, S15).
+    pub(crate) vault: Arc<Vault>,
+    /// Held while workspace secrets, their attachments or a policy are read, changed and applied, so two
+    /// concurrent changes never lose one another (they are rare, admin-only calls).
+    pub(crate) edits: tokio::sync::Mutex<()>,
+    /// Fired when an agent is deleted: its streams end.
+    pub(crate) agents_gone: AgentSignals,
+}
+
+/// One cancellation token per agent that someone waits on, fired (and forgotten) when the agent is deleted.
+#[derive(Debug, Default)]
+pub(crate) struct AgentSignals(Mutex<HashMap<AgentId, CancellationToken>>);
+
+impl AgentSignals {
+    /// The token that is cancelled when `agent` is deleted.
+    pub(crate) fn watch(&self, agent: &AgentId) -> CancellationToken {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(agent.clone())
+            .or_default()
+            .clone()
+    }
+
+    /// `agent` was deleted: wake everyone watching it.
+    pub(crate) fn fire(&self, agent: &AgentId) {
+        let token = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(agent);
+        if let Some(token) = token {
+            token.cancel();
+        }
+    }
 }
 
 impl Deref for AppState {

@@ -53,7 +53,8 @@ pub(crate) struct AgentView {
     created_by: String,
     /// When (RFC 3339).
     created_at: String,
-    /// The caller's role on it: `admin`, `operator` or `viewer`.
+    /// The caller's role on it: `admin`, `operator` or `viewer` (one agent only, not in lists).
+    #[serde(skip_serializing_if = "Option::is_none")]
     role: Option<String>,
     /// The image it runs (one agent only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -101,7 +102,7 @@ pub(crate) struct AgentQuery {
     state: Option<String>,
     /// From a previous page's `next_cursor`.
     cursor: Option<String>,
-    /// Agents per page, 1 to 500 (default 100).
+    /// Agents per page, 1 to 1000 (default 100).
     limit: Option<usize>,
 }
 
@@ -320,7 +321,15 @@ async fn list_agents(
     Params(q): Params<AgentQuery>,
 ) -> ApiResult<Json<AgentList>> {
     let ws = caller.workspace(&state, &ws, Action::View).await?;
-    let limit = super::workspaces::page_limit(q.limit)?;
+    let limit = match q.limit {
+        None => 100,
+        Some(n @ 1..=1000) => n,
+        Some(n) => {
+            return Err(ApiError::bad_request(format!(
+                "limit must be 1 to 1000, found {n}"
+            )));
+        }
+    };
     let mut wanted = BTreeMap::new();
     for pair in q
         .label
@@ -362,8 +371,8 @@ async fn list_agents(
             next_cursor = items.last().map(|v: &AgentView| v.id.clone());
             break;
         }
-        let role = state.dir.agent_role(&ws, &agent, caller.user()).await?;
-        items.push(AgentView::new(meta, role));
+        // The caller's role is shown on one agent's page, not in lists (one lookup less per agent).
+        items.push(AgentView::new(meta, None));
     }
     Ok(Json(AgentList { items, next_cursor }))
 }
@@ -514,6 +523,8 @@ async fn delete_agent(
     }
     state.dir.unregister_agent(&ws, &agent).await?;
     records::delete(state.store.as_ref(), &agent).await?;
+    crate::serve::secrets::forget_agent(state.store.as_ref(), &agent).await;
+    state.agents_gone.fire(&agent);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -47,6 +47,11 @@ impl ApiError {
         }
     }
 
+    /// The HTTP status this error answers with.
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
+    }
+
     /// 404 with the one body every missing or hidden thing gets (S5: a non-member cannot tell an agent it
     /// may not see from one that does not exist).
     pub(crate) fn not_found() -> Self {

@@ -6,6 +6,7 @@
 //! protection for state-changing requests (S6, the rule of Go's `CrossOriginProtection`), the audit log of
 //! state-changing workspace calls (P4), request metrics and the security headers.
 
+mod agent_secrets;
 mod agents;
 mod caller;
 mod doc;
@@ -14,9 +15,11 @@ mod health;
 mod json;
 mod me;
 mod policy;
+mod requests;
 mod roles;
-#[allow(dead_code, reason = "the streams of the request log and of execs use it")]
+mod secrets;
 mod sse;
+mod suggestions;
 mod workspaces;
 
 use std::time::Instant;
@@ -82,6 +85,10 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(workspaces::routes())
         .merge(agents::routes())
         .merge(policy::routes())
+        .merge(secrets::routes())
+        .merge(agent_secrets::routes())
+        .merge(requests::routes())
+        .merge(suggestions::routes())
 }
 
 /// The OpenAPI document of the API (the same list the router serves).

@@ -92,6 +92,7 @@ async fn put_policy(
 ) -> ApiResult<Json<PolicyBody>> {
     let (_, agent, _) = agent_meta(&state, &caller, &ws, &agent, Action::Administer).await?;
     let policy = body.parse()?;
+    let _edits = state.edits.lock().await;
     state.runtime.set_policy(&agent, policy.clone()).await?;
     Ok(Json(PolicyBody::from(&policy)))
 }

@@ -281,6 +281,7 @@ async fn delete_workspace(
             agents.len()
         )));
     }
+    crate::serve::secrets::forget_workspace(state.store.as_ref(), &ws).await?;
     state.dir.delete_workspace(&ws).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

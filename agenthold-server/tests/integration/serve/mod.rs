@@ -14,9 +14,16 @@ mod bad_input;
 pub(crate) mod client;
 mod crash;
 mod matrix;
+mod requests;
+mod secrets;
 mod smoke;
 #[allow(
     dead_code,
     reason = "shared by the server tests; not every test uses every helper"
 )]
 pub(crate) mod support;
+#[allow(
+    dead_code,
+    reason = "shared by the egress tests; not every test uses every helper"
+)]
+pub(crate) mod world;

@@ -130,6 +130,11 @@ impl TestServer {
         }
     }
 
+    /// The server process's id, while it runs.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// What the server printed so far.
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default()

@@ -15,7 +15,9 @@ sandbox only ever sees placeholders.
         finally:
             sb.remove()
 
-``agenthold.aio`` has the same API with ``async`` methods. Errors derive from ``agenthold.Error``.
+``agenthold.Client(url, token)`` has the same shape over an agenthold server's HTTP API (``agenthold
+serve``): ``create_sandbox``, ``exec``, ``request_log``, ``set_policy``, files. ``agenthold.aio`` has both
+with ``async`` methods. Errors derive from ``agenthold.Error``.
 Needs Docker on Linux, root, and the image ``agenthold/dev:latest`` (``agenthold image build-dev``).
 """
 
@@ -35,11 +37,14 @@ from ._native import (
     SecretError,
 )
 from ._runtime import DEFAULT_IMAGE, Runtime, Sandbox
+from ._http import RemoteEngineError, RemoteError, RemotePolicyError, RemoteSandboxError
+from ._client import Client, RemoteExecResult, RemoteSandbox
 from . import aio  # noqa: E402  (after the classes it wraps)
 
 __version__: str = _native.__version__
 
 __all__ = [
+    "Client",
     "DEFAULT_IMAGE",
     "EngineError",
     "Error",
@@ -48,6 +53,12 @@ __all__ = [
     "LogEntry",
     "Policy",
     "PolicyError",
+    "RemoteEngineError",
+    "RemoteError",
+    "RemoteExecResult",
+    "RemotePolicyError",
+    "RemoteSandbox",
+    "RemoteSandboxError",
     "Runtime",
     "Sandbox",
     "SandboxError",

@@ -16,6 +16,9 @@ kills the command in the sandbox.
                 await sb.remove()
 
     asyncio.run(main())
+
+``agenthold.aio.Client`` is the same for a server (``agenthold.Client`` with ``async`` methods): each call
+runs on a short-lived thread of its own.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from . import _runtime
 from ._native import ExecResult, LogEntry, Policy, Secret
 from ._runtime import DEFAULT_IMAGE, StrPath, _argv, _bytes, _env, _path, _policy, _secrets
 
-__all__ = ["Runtime", "Sandbox"]
+__all__ = ["Client", "RemoteSandbox", "Runtime", "Sandbox"]
 
 T = TypeVar("T")
 
@@ -307,3 +310,6 @@ class Sandbox:
         """Remove the sandbox with its network, rules and files. Idempotent."""
         native = self._native
         await _call(lambda done: native.remove(self._id, done))
+
+
+from ._aio_client import Client, RemoteSandbox  # noqa: E402  (the server client, same shape as Runtime)

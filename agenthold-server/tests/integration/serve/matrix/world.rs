@@ -124,6 +124,10 @@ pub(crate) struct World<'a> {
 pub(crate) fn usable(body: &Value, name: Option<&str>) -> Value {
     let mut body = body.clone();
     if let Some(object) = body.as_object_mut() {
+        // A custom harness runs the command it is given.
+        if object.contains_key("harness") {
+            object.entry("argv").or_insert(Value::Null);
+        }
         for (key, value) in object.iter_mut() {
             match key.as_str() {
                 "argv" => *value = json!(["true"]),
