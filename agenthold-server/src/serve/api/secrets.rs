@@ -50,6 +50,7 @@ impl<'de> Deserialize<'de> for Value {
 /// `POST …/secrets`: a value and where it may go — a `preset`, or `hosts` and `header` (and `template`).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"name": "openai", "value": "sk-…", "preset": "openai"}))]
 pub(crate) struct CreateSecret {
     /// 1 to 64 characters of letters, digits, `_`, `-`, `.`; unique in the workspace.
     #[schema(example = "openai")]
@@ -75,6 +76,7 @@ pub(crate) struct CreateSecret {
 /// or `hosts` and `header` (and `template`).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"value": "sk-new…"}))]
 pub(crate) struct ReplaceSecret {
     /// The new value.
     #[schema(value_type = Option<String>)]
