@@ -171,6 +171,15 @@ pub enum Error {
         /// What is wrong and what to give instead.
         problem: String,
     },
+    /// A path inside a sandbox is not one a file operation accepts: relative, with a `..` component, or with
+    /// a NUL byte (see [`crate::sandbox::sandbox_path`]).
+    #[error("path {path:?}: {problem}")]
+    SandboxPath {
+        /// The path as given.
+        path: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -227,7 +236,10 @@ impl Error {
         match self {
             Self::PolicyEntry { .. } | Self::HostName { .. } => ErrorKind::Policy,
             Self::Template { .. } | Self::HeaderValue { .. } | Self::Secret { .. } => ErrorKind::Secret,
-            Self::InvalidId { .. } | Self::Label { .. } | Self::SandboxSpec { .. } => ErrorKind::BadInput,
+            Self::InvalidId { .. }
+            | Self::Label { .. }
+            | Self::SandboxSpec { .. }
+            | Self::SandboxPath { .. } => ErrorKind::BadInput,
             Self::Config { .. } | Self::MasterKey { .. } => ErrorKind::Config,
             Self::Decrypt { .. } | Self::LegacySealed { .. } => ErrorKind::Integrity,
             Self::Io { .. } | Self::Store { .. } => ErrorKind::Storage,
@@ -331,6 +343,13 @@ mod tests {
                     problem: "bad".into(),
                 },
                 ErrorKind::Config,
+            ),
+            (
+                Error::SandboxPath {
+                    path: "../x".into(),
+                    problem: "bad",
+                },
+                ErrorKind::BadInput,
             ),
             (Error::Decrypt { id: "s".into() }, ErrorKind::Integrity),
             (Error::LegacySealed { id: "s".into() }, ErrorKind::Integrity),

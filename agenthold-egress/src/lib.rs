@@ -66,4 +66,5 @@ pub use error::{Error, Result};
 pub use gateway::{
     AgentSockets, AgentStats, Dangerous, Gateway, GatewayBuilder, GatewayStats, Limits, Timeouts,
 };
+pub use log::{LogEntry, RequestLog};
 pub use stack::{EgressStack, EgressStackBuilder};

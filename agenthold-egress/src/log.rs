@@ -76,6 +76,11 @@ pub enum Decision {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(from = "Line")]
 pub struct LogEntry {
+    /// Position in the log: assigned by [`RequestLog::record`] from one counter shared by every agent,
+    /// starting at 1, so every recorded entry has its own, and a later entry a greater one (0 until
+    /// recorded). A reader that saw entries up to `seq` resumes with [`RequestLog::since`].
+    #[serde(default)]
+    pub seq: u64,
     /// When the decision was made, RFC 3339 in UTC.
     pub time: String,
     /// The agent.
@@ -115,6 +120,8 @@ pub struct LogEntry {
 /// [`Reason::parse`]).
 #[derive(serde::Deserialize)]
 struct Line {
+    #[serde(default)]
+    seq: u64,
     time: String,
     agent: AgentId,
     kind: LogKind,
@@ -137,6 +144,7 @@ impl From<Line> for LogEntry {
     fn from(line: Line) -> Self {
         Self {
             reason: line.reason.map(|r| Reason::parse(&r, line.decision)),
+            seq: line.seq,
             time: line.time,
             agent: line.agent,
             kind: line.kind,
@@ -166,6 +174,7 @@ impl LogEntry {
         };
         let reason = Reason::from_verdict(verdict);
         Self {
+            seq: 0,
             time: now_rfc3339(),
             agent: agent.clone(),
             kind,
@@ -279,12 +288,25 @@ struct Ring {
 }
 
 /// Per-agent ring buffers of log entries plus a live stream of every new entry.
+///
+/// Every recorded entry gets the next [`LogEntry::seq`] (one counter for all agents), so a stream can be
+/// resumed: a reader that saw up to `seq` subscribes ([`RequestLog::subscribe`]) first, then reads
+/// [`RequestLog::since`] `seq`, and skips live entries whose `seq` it already has.
 #[derive(Debug)]
 pub struct RequestLog {
     keep: usize,
     max_bytes: usize,
-    agents: Mutex<HashMap<AgentId, Ring>>,
+    agents: Mutex<Agents>,
     live: broadcast::Sender<Arc<LogEntry>>,
+}
+
+/// The rings and the counter that numbers their entries, under one lock: entries are numbered in the order
+/// they enter the rings and the live stream.
+#[derive(Debug, Default)]
+struct Agents {
+    rings: HashMap<AgentId, Ring>,
+    /// The last `seq` handed out.
+    seq: u64,
 }
 
 /// Default byte budget of one agent's ring.
@@ -305,7 +327,7 @@ impl RequestLog {
         Self {
             keep: keep.max(1),
             max_bytes,
-            agents: Mutex::new(HashMap::new()),
+            agents: Mutex::new(Agents::default()),
             live,
         }
     }
@@ -316,6 +338,7 @@ impl RequestLog {
         self.agents
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .rings
             .get(agent)
             .map_or(0, |r| r.dropped)
     }
@@ -326,12 +349,13 @@ impl RequestLog {
         self.agents
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .rings
             .get(agent)
             .map_or(0, |r| r.bytes)
     }
 
-    /// Append an entry (its fields cut to their limits; the agent's oldest dropped beyond `keep` entries
-    /// or the byte budget) and publish it on the live stream.
+    /// Append an entry (its fields cut to their limits, its [`LogEntry::seq`] the next of the log; the
+    /// agent's oldest dropped beyond `keep` entries or the byte budget) and publish it on the live stream.
     pub fn record(&self, mut entry: LogEntry) {
         entry.truncate();
         tracing::debug!(
@@ -340,9 +364,11 @@ impl RequestLog {
             reason = %entry.reason.as_ref().map_or_else(String::new, ToString::to_string), "egress"
         );
         let cost = entry.cost();
-        let entry = Arc::new(entry);
         let mut agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
-        let ring = agents.entry(entry.agent.clone()).or_default();
+        agents.seq += 1;
+        entry.seq = agents.seq;
+        let entry = Arc::new(entry);
+        let ring = agents.rings.entry(entry.agent.clone()).or_default();
         while !ring.entries.is_empty()
             && (ring.entries.len() >= self.keep || ring.bytes + cost > self.max_bytes)
         {
@@ -361,11 +387,24 @@ impl RequestLog {
     /// The agent's entries, oldest first.
     #[must_use]
     pub fn snapshot(&self, agent: &AgentId) -> Vec<LogEntry> {
+        self.since(agent, 0)
+    }
+
+    /// The agent's entries still held whose [`LogEntry::seq`] is greater than `after_seq`, oldest first:
+    /// what a reader that saw up to `after_seq` missed (less what fell out of the ring meanwhile, which
+    /// [`RequestLog::dropped`] counts).
+    #[must_use]
+    pub fn since(&self, agent: &AgentId, after_seq: u64) -> Vec<LogEntry> {
         let agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
-        agents
-            .get(agent)
-            .map(|r| r.entries.iter().map(|(e, _)| LogEntry::clone(e)).collect())
-            .unwrap_or_default()
+        let Some(ring) = agents.rings.get(agent) else {
+            return Vec::new();
+        };
+        // Sequence numbers increase along the ring: skip the older part by binary search.
+        let start = ring.entries.partition_point(|(e, _)| e.seq <= after_seq);
+        ring.entries
+            .range(start..)
+            .map(|(e, _)| LogEntry::clone(e))
+            .collect()
     }
 
     /// A live stream of every entry recorded from now on (all agents). A receiver that falls more than 1024
@@ -380,89 +419,10 @@ impl RequestLog {
         self.agents
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+            .rings
             .remove(agent);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keeps_the_newest_entries_per_agent() {
-        let log = RequestLog::new(3);
-        let a = AgentId::new("a").unwrap();
-        let b = AgentId::new("b").unwrap();
-        for port in 1..=5 {
-            log.record(LogEntry::new(&a, LogKind::Tcp, Verdict::Allowed).to("x", port));
-        }
-        log.record(LogEntry::new(&b, LogKind::Dns, Verdict::Allowed));
-        let ports: Vec<_> = log.snapshot(&a).iter().map(|e| e.port.unwrap()).collect();
-        assert_eq!(ports, [3, 4, 5]);
-        assert_eq!(log.snapshot(&b).len(), 1);
-    }
-
-    #[test]
-    fn json_line_has_the_contract_fields() {
-        let a = AgentId::new("a").unwrap();
-        let e = LogEntry::new(&a, LogKind::Tls, Verdict::Denied(DenyReason::NotInAllowlist)).to("x.com", 443);
-        let v: serde_json::Value = serde_json::from_str(&e.to_json_line()).unwrap();
-        for k in [
-            "time",
-            "agent",
-            "kind",
-            "host",
-            "port",
-            "method",
-            "path",
-            "status",
-            "decision",
-            "reason",
-            "secret_injected",
-            "bytes_up",
-            "bytes_down",
-        ] {
-            assert!(v.get(k).is_some(), "{k}");
-        }
-        assert_eq!(v["decision"], "denied");
-        assert_eq!(v["reason"], "not_in_allowlist");
-        assert_eq!(v["kind"], "tls");
-        assert!(v["time"].as_str().unwrap().ends_with('Z'));
-    }
-
-    // covers: E16, E20 (fields cut, ring bounded in bytes, evictions counted)
-    #[test]
-    fn entries_are_cut_and_the_ring_is_bounded_in_bytes() {
-        let log = RequestLog::with_limits(5000, 64 * 1024);
-        let a = AgentId::new("a").unwrap();
-        for i in 0..2000 {
-            let mut e = LogEntry::new(&a, LogKind::Http, Verdict::Denied(DenyReason::NotInAllowlist));
-            e.method = Some("M".repeat(70_000));
-            e.path = Some(format!("/{i}/{}", "é".repeat(40_000)));
-            e.host = Some("h".repeat(70_000));
-            log.record(e);
-        }
-        let kept = log.snapshot(&a);
-        let last = kept.last().unwrap();
-        assert!(last.path.as_ref().unwrap().len() <= MAX_PATH);
-        assert!(last.path.as_ref().unwrap().ends_with('…'));
-        assert!(last.path.as_ref().unwrap().starts_with("/1999/"));
-        assert_eq!(
-            last.method.as_ref().unwrap().len(),
-            MAX_METHOD - 3 + '…'.len_utf8()
-        );
-        assert!(last.host.as_ref().unwrap().len() <= MAX_HOST);
-        assert!(log.bytes(&a) <= 64 * 1024, "{}", log.bytes(&a));
-        assert_eq!(kept.len() as u64 + log.dropped(&a), 2000);
-        assert!(log.dropped(&a) > 1900);
-    }
-
-    #[tokio::test]
-    async fn live_stream_sees_new_entries() {
-        let log = RequestLog::new(10);
-        let mut rx = log.subscribe();
-        let a = AgentId::new("a").unwrap();
-        log.record(LogEntry::new(&a, LogKind::Http, Verdict::Allowed));
-        assert_eq!(rx.recv().await.unwrap().kind, LogKind::Http);
-    }
-}
+mod tests;

@@ -1,5 +1,6 @@
 //! What a sandbox is made of ([`SandboxSpec`], checked once and split into its [`ContainerSpec`] and
-//! [`GatewaySpec`] halves), the commands run in it ([`ExecRequest`], [`ExecStream`]), and the [`Sandbox`]
+//! [`GatewaySpec`] halves), the commands run in it ([`ExecRequest`], [`ExecStream`]), its terminals
+//! ([`TerminalRequest`], [`Terminal`]) and files ([`DirEntry`], [`sandbox_path`]), and the [`Sandbox`]
 //! runtime trait that creates and drives sandboxes. The default implementation (Docker) lives in
 //! `agenthold-sandbox`, beside `FakeSandbox`, an in-memory test double.
 //!
@@ -8,10 +9,16 @@
 //! [`RESERVED_LABEL_PREFIXES`]).
 
 mod exec;
+mod files;
 mod spec;
+mod terminal;
 
 pub use exec::{ChunkStream, ExecChunk, ExecOutput, ExecRequest, ExecStream, MAX_CAPTURE};
+pub use files::{DirEntry, EntryKind, sandbox_path};
 pub use spec::{ContainerSpec, GatewaySpec, RESERVED_LABEL_PREFIXES, SandboxSpec};
+pub use terminal::{
+    Terminal, TerminalControl, TerminalEvent, TerminalEvents, TerminalInput, TerminalRequest,
+};
 
 use crate::error::{ErrorKind, Result};
 use crate::ids::AgentId;
@@ -56,6 +63,11 @@ pub struct ReconcileReport {
 /// [`SandboxSpec::split`]; the gateway half (policy, secrets) stays with the runtime and its gateway. A
 /// runtime that wires its sandboxes to agenthold's gateway gets the gateway when it is built (see
 /// `agenthold_sandbox::RuntimeBuilder::sandbox_factory`).
+///
+/// File operations take absolute paths in normal form; an implementation refuses others as
+/// [`sandbox_path`] does ([`ErrorKind::BadInput`]). The operations added after the first release (files
+/// beyond read and write, terminals, exec liveness) have defaults that answer [`ErrorKind::Unavailable`], so
+/// a runtime written before them still builds and says plainly what it cannot do.
 #[async_trait::async_trait]
 pub trait Sandbox: Send + Sync {
     /// Create (and start) the sandbox of `agent`.
@@ -82,6 +94,62 @@ pub trait Sandbox: Send + Sync {
     async fn read_file(&self, agent: &AgentId, path: &str) -> Result<Vec<u8>>;
     /// Write (create or replace) a file.
     async fn write_file(&self, agent: &AgentId, path: &str, data: &[u8]) -> Result<()>;
+    /// The entries of a directory (not `.` and `..`), sorted by name. A symlink to a directory lists the
+    /// directory. Default: [`ErrorKind::Unavailable`].
+    ///
+    /// # Errors
+    /// [`ErrorKind::BadInput`] for a path [`sandbox_path`] refuses or that is not a directory,
+    /// [`ErrorKind::NotFound`] when it does not exist (or the sandbox does not).
+    async fn list_dir(&self, agent: &AgentId, path: &str) -> Result<Vec<DirEntry>> {
+        let _ = (agent, path);
+        Err(unsupported("listing directories"))
+    }
+    /// Remove a file, a symlink (not what it points to) or a directory with everything in it. Default:
+    /// [`ErrorKind::Unavailable`].
+    ///
+    /// # Errors
+    /// [`ErrorKind::BadInput`] for a path [`sandbox_path`] refuses and for `/`, [`ErrorKind::NotFound`]
+    /// when it does not exist.
+    async fn remove_path(&self, agent: &AgentId, path: &str) -> Result<()> {
+        let _ = (agent, path);
+        Err(unsupported("removing files"))
+    }
+    /// The canonical absolute path `path` names: every symlink along it resolved within the sandbox's
+    /// filesystem, components that do not exist kept as given (as `realpath -m`). A file check (S10: "may
+    /// this caller read that file?") compares this, never the path it was given, so a symlink the agent
+    /// planted cannot lead past it. An implementation resolves as its own [`Sandbox::read_file`] does, by
+    /// means the agent cannot replace (not by running a program inside the sandbox). Default:
+    /// [`ErrorKind::Unavailable`] (a check then fails closed).
+    ///
+    /// # Errors
+    /// [`ErrorKind::BadInput`] for a path [`sandbox_path`] refuses, [`ErrorKind::NotFound`] for an unknown
+    /// sandbox, the engine's error for a symlink loop.
+    async fn resolve_path(&self, agent: &AgentId, path: &str) -> Result<String> {
+        let _ = (agent, path);
+        Err(unsupported("resolving paths"))
+    }
+    /// Open an interactive terminal (a pseudo-terminal) running `request.argv` in the sandbox. Dropping the
+    /// returned [`Terminal`] kills the process's group, as [`Sandbox::cancel_exec`] does with its id.
+    /// Default: [`ErrorKind::Unavailable`].
+    ///
+    /// # Errors
+    /// When the sandbox does not exist or does not run, or the engine fails.
+    async fn open_terminal(&self, agent: &AgentId, request: TerminalRequest) -> Result<Terminal> {
+        let _ = (agent, request);
+        Err(unsupported("terminals"))
+    }
+    /// Whether the command started with [`Sandbox::exec_stream`] (or [`Sandbox::open_terminal`]) as
+    /// `exec_id` may still be running in the sandbox's current boot: true until it is known to have ended,
+    /// so a caller that lost its stream (a restarted server) can [`Sandbox::cancel_exec`] it. False for an
+    /// id this boot never ran, and for every command once the sandbox stopped or restarted. Default:
+    /// [`ErrorKind::Unavailable`].
+    ///
+    /// # Errors
+    /// [`ErrorKind::BadInput`] for a malformed id, [`ErrorKind::NotFound`] for an unknown sandbox.
+    async fn exec_running(&self, agent: &AgentId, exec_id: &str) -> Result<bool> {
+        let _ = (agent, exec_id);
+        Err(unsupported("exec liveness"))
+    }
     /// Current state.
     async fn inspect(&self, agent: &AgentId) -> Result<SandboxInfo>;
     /// Take over the sandboxes a previous runtime on the same store left (S12). `agents` are the agents the
@@ -105,4 +173,13 @@ pub trait Sandbox: Send + Sync {
         }
         Ok(report)
     }
+}
+
+/// The error of a default method: this sandbox runtime does not do `what`.
+fn unsupported(what: &str) -> crate::Error {
+    crate::Error::backend(
+        ErrorKind::Unavailable,
+        "",
+        format!("this sandbox runtime does not support {what}"),
+    )
 }

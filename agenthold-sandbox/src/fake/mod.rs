@@ -2,8 +2,9 @@
 //! builders who test code that drives a [`crate::Runtime`] (or any `Sandbox`) without Docker, root or a
 //! network namespace.
 //!
-//! It keeps each agent's state and files in memory, records every call ([`FakeSandbox::calls`]), plays
-//! scripted command output ([`FakeSandbox::push_exec`]) and fails the calls it is told to
+//! It keeps each agent's state and files in memory (with directories and symlinks, see
+//! [`FakeSandbox::symlink`]), records every call ([`FakeSandbox::calls`]), plays scripted command output
+//! ([`FakeSandbox::push_exec`]), opens echo terminals, and fails the calls it is told to
 //! ([`FakeSandbox::fail`], [`FakeSandbox::fail_once`]). Nothing is isolated and no command runs: it stands
 //! in for a runtime, it is not one.
 //!
@@ -26,102 +27,28 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use agenthold_core::sandbox::{
-    ContainerSpec, ExecChunk, ExecOutput, ExecRequest, ExecStream, ReconcileReport, SandboxInfo, SandboxState,
+    ContainerSpec, DirEntry, ExecChunk, ExecOutput, ExecRequest, ExecStream, ReconcileReport, SandboxInfo,
+    SandboxState, Terminal, TerminalControl, TerminalRequest,
 };
 use agenthold_core::{AgentId, Error, ErrorKind, Result, Sandbox};
 
-/// The operations of [`Sandbox`], to name the one a [`FakeSandbox`] should fail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Op {
-    /// [`Sandbox::create`].
-    Create,
-    /// [`Sandbox::start`].
-    Start,
-    /// [`Sandbox::stop`].
-    Stop,
-    /// [`Sandbox::remove`].
-    Remove,
-    /// [`Sandbox::exec_stream`] (and so [`Sandbox::exec`], which it serves).
-    ExecStream,
-    /// [`Sandbox::cancel_exec`].
-    CancelExec,
-    /// [`Sandbox::read_file`].
-    ReadFile,
-    /// [`Sandbox::write_file`].
-    WriteFile,
-    /// [`Sandbox::inspect`].
-    Inspect,
-    /// [`Sandbox::reconcile`].
-    Reconcile,
-}
+mod calls;
+mod fs;
+mod terminal;
 
-/// One call a [`FakeSandbox`] received, with its arguments (recorded also when it failed).
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum Call {
-    /// [`Sandbox::create`].
-    Create {
-        /// The agent.
-        agent: AgentId,
-        /// The container half it was given.
-        spec: ContainerSpec,
-    },
-    /// [`Sandbox::start`].
-    Start(AgentId),
-    /// [`Sandbox::stop`].
-    Stop(AgentId),
-    /// [`Sandbox::remove`].
-    Remove {
-        /// The agent.
-        agent: AgentId,
-        /// Whether the volume was to be kept.
-        keep_volume: bool,
-    },
-    /// [`Sandbox::exec_stream`] (also what [`Sandbox::exec`] records).
-    ExecStream {
-        /// The agent.
-        agent: AgentId,
-        /// The request.
-        request: ExecRequest,
-    },
-    /// [`Sandbox::cancel_exec`].
-    CancelExec {
-        /// The agent.
-        agent: AgentId,
-        /// The command's id.
-        exec_id: String,
-    },
-    /// [`Sandbox::read_file`].
-    ReadFile {
-        /// The agent.
-        agent: AgentId,
-        /// The path.
-        path: String,
-    },
-    /// [`Sandbox::write_file`].
-    WriteFile {
-        /// The agent.
-        agent: AgentId,
-        /// The path.
-        path: String,
-    },
-    /// [`Sandbox::inspect`].
-    Inspect(AgentId),
-    /// [`Sandbox::reconcile`].
-    Reconcile(Vec<AgentId>),
-}
+use calls::op_of;
+pub use calls::{Call, Op};
 
 /// One fake sandbox.
 #[derive(Debug, Clone)]
 struct Agent {
     spec: ContainerSpec,
     state: SandboxState,
-    files: BTreeMap<String, Vec<u8>>,
+    files: fs::Tree,
 }
 
 #[derive(Debug, Default)]
@@ -132,13 +59,17 @@ struct State {
     failing: HashSet<Op>,
     failing_once: HashSet<Op>,
     execs: u64,
+    /// Commands that have not ended (streams whose script has no exit, open terminals): id to agent.
+    running: HashMap<String, AgentId>,
+    /// The last size each terminal was given.
+    terminal_sizes: HashMap<String, (u16, u16)>,
 }
 
 /// An in-memory [`Sandbox`] (see the [module documentation](self)). Cheap to share: wrap it in an `Arc`
 /// and give the same one to two runtimes on one data directory to play a restart.
 #[derive(Debug, Default)]
 pub struct FakeSandbox {
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
 }
 
 impl FakeSandbox {
@@ -190,9 +121,37 @@ impl FakeSandbox {
         self.state().agents.get(agent).map(|a| a.state)
     }
 
+    /// Make a directory in `agent`'s sandbox (parents are implied).
+    ///
+    /// # Errors
+    /// For an unknown agent or a path [`agenthold_core::sandbox::sandbox_path`] refuses.
+    pub fn mkdir(&self, agent: &AgentId, path: &str) -> Result<()> {
+        let mut state = self.state();
+        let a = state.agents.get_mut(agent).ok_or_else(|| not_found(agent))?;
+        a.files.mkdir(path)
+    }
+
+    /// Plant a symlink at `link` pointing to `target` (absolute, or relative to the link's directory) in
+    /// `agent`'s sandbox, as an agent would with `ln -s`.
+    ///
+    /// # Errors
+    /// For an unknown agent or a `link` [`agenthold_core::sandbox::sandbox_path`] refuses.
+    pub fn symlink(&self, agent: &AgentId, link: &str, target: &str) -> Result<()> {
+        let mut state = self.state();
+        let a = state.agents.get_mut(agent).ok_or_else(|| not_found(agent))?;
+        a.files.symlink(link, target)
+    }
+
+    /// The size a terminal (by its id) was last given ([`Terminal::resize`]).
+    #[must_use]
+    pub fn terminal_size(&self, id: &str) -> Option<(u16, u16)> {
+        self.state().terminal_sizes.get(id).copied()
+    }
+
     /// Queue the output of the next command: [`Sandbox::exec_stream`] (or [`Sandbox::exec`]) plays the
     /// queued scripts in order. Without a script a command succeeds with no output. A script without an
-    /// [`ExecChunk::Exit`] plays a command whose exit code is unknown.
+    /// [`ExecChunk::Exit`] plays a command whose exit code is unknown, and that [`Sandbox::exec_running`]
+    /// reports running until it is cancelled.
     pub fn push_exec(&self, chunks: Vec<ExecChunk>) {
         self.state().scripts.push_back(chunks);
     }
@@ -240,25 +199,23 @@ impl FakeSandbox {
     }
 }
 
-fn op_of(call: &Call) -> Op {
-    match call {
-        Call::Create { .. } => Op::Create,
-        Call::Start(_) => Op::Start,
-        Call::Stop(_) => Op::Stop,
-        Call::Remove { .. } => Op::Remove,
-        Call::ExecStream { .. } => Op::ExecStream,
-        Call::CancelExec { .. } => Op::CancelExec,
-        Call::ReadFile { .. } => Op::ReadFile,
-        Call::WriteFile { .. } => Op::WriteFile,
-        Call::Inspect(_) => Op::Inspect,
-        Call::Reconcile(_) => Op::Reconcile,
-    }
-}
-
 fn not_found(agent: &AgentId) -> Error {
     Error::NotFound {
         what: "sandbox",
         id: agent.to_string(),
+    }
+}
+
+/// Commands and terminals need a running sandbox.
+fn running_sandbox(state: &State, agent: &AgentId) -> Result<()> {
+    match state.agents.get(agent).map(|a| a.state) {
+        None => Err(not_found(agent)),
+        Some(SandboxState::Stopped) => Err(Error::backend(
+            ErrorKind::BadInput,
+            format!("fake sandbox: exec in {agent}"),
+            "the sandbox is stopped",
+        )),
+        Some(SandboxState::Running) => Ok(()),
     }
 }
 
@@ -299,7 +256,7 @@ impl Sandbox for FakeSandbox {
         let made = Agent {
             spec: spec.clone(),
             state: SandboxState::Running,
-            files: BTreeMap::new(),
+            files: fs::Tree::default(),
         };
         let made_info = info(agent, &made);
         state.agents.insert(agent.clone(), made);
@@ -317,6 +274,8 @@ impl Sandbox for FakeSandbox {
         let mut state = self.enter(Call::Stop(agent.clone()))?;
         let a = state.agents.get_mut(agent).ok_or_else(|| not_found(agent))?;
         a.state = SandboxState::Stopped;
+        // Every command dies with the sandbox.
+        state.running.retain(|_, a| a != agent);
         Ok(())
     }
 
@@ -326,6 +285,7 @@ impl Sandbox for FakeSandbox {
             keep_volume,
         })?;
         state.agents.remove(agent);
+        state.running.retain(|_, a| a != agent);
         Ok(())
     }
 
@@ -334,23 +294,16 @@ impl Sandbox for FakeSandbox {
             agent: agent.clone(),
             request,
         })?;
-        match state.agents.get(agent).map(|a| a.state) {
-            None => return Err(not_found(agent)),
-            Some(SandboxState::Stopped) => {
-                return Err(Error::backend(
-                    ErrorKind::BadInput,
-                    format!("fake sandbox: exec in {agent}"),
-                    "the sandbox is stopped",
-                ));
-            }
-            Some(SandboxState::Running) => {}
-        }
+        running_sandbox(&state, agent)?;
         state.execs += 1;
         let id = format!("fake-exec-{}", state.execs);
         let chunks = state
             .scripts
             .pop_front()
             .unwrap_or_else(|| vec![ExecChunk::Exit(0)]);
+        if !chunks.iter().any(|c| matches!(c, ExecChunk::Exit(_))) {
+            state.running.insert(id.clone(), agent.clone());
+        }
         Ok(ExecStream::new(
             id,
             futures_util::stream::iter(chunks.into_iter().map(Ok)),
@@ -358,11 +311,12 @@ impl Sandbox for FakeSandbox {
     }
 
     async fn cancel_exec(&self, agent: &AgentId, exec_id: &str) -> Result<()> {
-        self.enter(Call::CancelExec {
+        let mut state = self.enter(Call::CancelExec {
             agent: agent.clone(),
             exec_id: exec_id.to_owned(),
-        })
-        .map(drop)
+        })?;
+        state.running.remove(exec_id);
+        Ok(())
     }
 
     async fn read_file(&self, agent: &AgentId, path: &str) -> Result<Vec<u8>> {
@@ -372,10 +326,7 @@ impl Sandbox for FakeSandbox {
         })?;
         absolute(path)?;
         let a = state.agents.get(agent).ok_or_else(|| not_found(agent))?;
-        a.files.get(path).cloned().ok_or_else(|| Error::NotFound {
-            what: "file",
-            id: path.to_owned(),
-        })
+        a.files.read(path)
     }
 
     async fn write_file(&self, agent: &AgentId, path: &str, data: &[u8]) -> Result<()> {
@@ -385,8 +336,73 @@ impl Sandbox for FakeSandbox {
         })?;
         absolute(path)?;
         let a = state.agents.get_mut(agent).ok_or_else(|| not_found(agent))?;
-        a.files.insert(path.to_owned(), data.to_vec());
+        a.files.write(path, data);
         Ok(())
+    }
+
+    async fn list_dir(&self, agent: &AgentId, path: &str) -> Result<Vec<DirEntry>> {
+        let state = self.enter(Call::ListDir {
+            agent: agent.clone(),
+            path: path.to_owned(),
+        })?;
+        let a = state.agents.get(agent).ok_or_else(|| not_found(agent))?;
+        a.files.list(path)
+    }
+
+    async fn remove_path(&self, agent: &AgentId, path: &str) -> Result<()> {
+        let mut state = self.enter(Call::RemovePath {
+            agent: agent.clone(),
+            path: path.to_owned(),
+        })?;
+        let a = state.agents.get_mut(agent).ok_or_else(|| not_found(agent))?;
+        a.files.remove(path)
+    }
+
+    async fn resolve_path(&self, agent: &AgentId, path: &str) -> Result<String> {
+        let state = self.enter(Call::ResolvePath {
+            agent: agent.clone(),
+            path: path.to_owned(),
+        })?;
+        let a = state.agents.get(agent).ok_or_else(|| not_found(agent))?;
+        a.files.resolve(path)
+    }
+
+    /// An echo terminal (see the module documentation).
+    async fn open_terminal(&self, agent: &AgentId, request: TerminalRequest) -> Result<Terminal> {
+        let size = (request.cols, request.rows);
+        let mut state = self.enter(Call::OpenTerminal {
+            agent: agent.clone(),
+            request,
+        })?;
+        running_sandbox(&state, agent)?;
+        state.execs += 1;
+        let id = format!("fake-term-{}", state.execs);
+        state.running.insert(id.clone(), agent.clone());
+        state.terminal_sizes.insert(id.clone(), size);
+        drop(state);
+        let (events, rx) = tokio::sync::mpsc::unbounded_channel();
+        let control: Arc<dyn TerminalControl> = Arc::new(terminal::EchoTerminal {
+            id: id.clone(),
+            events,
+            state: Arc::clone(&self.state),
+        });
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|event| (event, rx)) },
+            );
+        Ok(Terminal::new(id, control, stream))
+    }
+
+    async fn exec_running(&self, agent: &AgentId, exec_id: &str) -> Result<bool> {
+        let state = self.enter(Call::ExecRunning {
+            agent: agent.clone(),
+            exec_id: exec_id.to_owned(),
+        })?;
+        match state.agents.get(agent) {
+            None => Err(not_found(agent)),
+            Some(_) => Ok(state.running.get(exec_id) == Some(agent)),
+        }
     }
 
     async fn inspect(&self, agent: &AgentId) -> Result<SandboxInfo> {
@@ -404,64 +420,4 @@ impl Sandbox for FakeSandbox {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use agenthold_core::sandbox::SandboxSpec;
-
-    fn plain() -> ContainerSpec {
-        SandboxSpec::default().split().unwrap().0
-    }
-
-    #[tokio::test]
-    async fn keeps_state_and_files_records_calls_and_fails_on_demand() {
-        let fake = FakeSandbox::new();
-        let a = AgentId::new("a").unwrap();
-        assert_eq!(fake.inspect(&a).await.unwrap_err().kind(), ErrorKind::NotFound);
-        fake.create(&a, &plain()).await.unwrap();
-        assert_eq!(
-            fake.create(&a, &plain()).await.unwrap_err().kind(),
-            ErrorKind::BadInput
-        );
-        fake.write_file(&a, "/w/f", b"data").await.unwrap();
-        assert_eq!(fake.read_file(&a, "/w/f").await.unwrap(), b"data");
-        assert_eq!(
-            fake.read_file(&a, "/w/none").await.unwrap_err().kind(),
-            ErrorKind::NotFound
-        );
-        assert!(fake.write_file(&a, "relative", b"").await.is_err());
-        fake.stop(&a).await.unwrap();
-        assert_eq!(fake.sandbox_state(&a), Some(SandboxState::Stopped));
-        assert!(fake.exec(&a, ExecRequest::default()).await.is_err());
-        fake.start(&a).await.unwrap();
-
-        fake.push_output(ExecOutput {
-            exit_code: 2,
-            stdout: b"o".to_vec(),
-            stderr: b"e".to_vec(),
-        });
-        let out = fake.exec(&a, ExecRequest::default()).await.unwrap();
-        assert_eq!(
-            (out.exit_code, &out.stdout[..], &out.stderr[..]),
-            (2, &b"o"[..], &b"e"[..])
-        );
-        assert_eq!(fake.exec(&a, ExecRequest::default()).await.unwrap().exit_code, 0);
-
-        fake.fail_once(Op::Inspect);
-        assert_eq!(fake.inspect(&a).await.unwrap_err().kind(), ErrorKind::Upstream);
-        assert!(fake.inspect(&a).await.is_ok());
-        fake.fail(Op::Start);
-        assert!(fake.start(&a).await.is_err());
-        assert!(fake.start(&a).await.is_err());
-        fake.heal(Op::Start);
-        assert!(fake.start(&a).await.is_ok());
-
-        let b = AgentId::new("b").unwrap();
-        let report = fake.reconcile(&[a.clone(), b.clone()]).await.unwrap();
-        assert_eq!((report.restored, report.missing), (vec![a.clone()], vec![b]));
-        fake.remove(&a, false).await.unwrap();
-        fake.remove(&a, false).await.unwrap();
-        assert!(fake.agents().is_empty());
-        assert_eq!(fake.calls_of(Op::Remove).len(), 2);
-        assert!(matches!(&fake.calls()[1], Call::Create { agent, .. } if *agent == a));
-    }
-}
+mod tests;
