@@ -124,17 +124,31 @@ impl Terminal {
     /// Send keystrokes.
     ///
     /// # Errors
-    /// When the process ended or the runtime fails.
+    /// [`crate::ErrorKind::Conflict`] once the process ended; the runtime's error.
     pub async fn write(&self, data: impl Into<Bytes>) -> Result<()> {
+        self.live()?;
         self.control.write(data.into()).await
     }
 
     /// Change the window size.
     ///
     /// # Errors
-    /// When the process ended or the runtime fails.
+    /// As [`Terminal::write`].
     pub async fn resize(&self, cols: u16, rows: u16) -> Result<()> {
+        self.live()?;
         self.control.resize(cols, rows).await
+    }
+
+    /// Whether the process may still take input: not once this terminal yielded its exit.
+    fn live(&self) -> Result<()> {
+        if self.ended {
+            return Err(crate::Error::backend(
+                crate::ErrorKind::Conflict,
+                "",
+                format!("the process of terminal {} ended", self.id),
+            ));
+        }
+        Ok(())
     }
 
     /// The next event; `None` after the [`TerminalEvent::Exit`].

@@ -3,7 +3,7 @@
 //! it creates so that it can find them again (reconcile, cleanup) and never touches anything else.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use agenthold_core::{AgentId, ErrorKind};
 use bollard::Docker;
@@ -37,6 +37,9 @@ pub struct Engine {
     major: u32,
     runtimes: Vec<String>,
     instance: String,
+    /// The engine's Unix socket, when known: terminals open their own connection on it (see
+    /// `docker::hijack`).
+    socket: Option<PathBuf>,
 }
 
 impl Engine {
@@ -46,7 +49,29 @@ impl Engine {
     /// [`Error::Unavailable`] when no engine answers, with what to do about it.
     pub async fn connect(instance: &str) -> Result<Self> {
         let docker = Docker::connect_with_local_defaults().map_err(|e| Error::engine("connect", e))?;
-        Self::from_docker(docker, instance).await
+        // The socket bollard's local defaults connect to: `DOCKER_HOST` when it names a Unix socket, else the
+        // default one.
+        let socket = std::env::var("DOCKER_HOST")
+            .ok()
+            .and_then(|host| host.strip_prefix("unix://").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("/var/run/docker.sock"));
+        Ok(Self::from_docker(docker, instance).await?.with_socket(socket))
+    }
+
+    /// Say which Unix socket the client given to [`Engine::from_docker`] talks to. Terminals then read
+    /// their output from a connection of their own on it, byte for byte; without it they go through the
+    /// client, which mistakes output starting with a byte 0, 1 or 2 for a frame header (see
+    /// `docker::hijack`).
+    #[must_use]
+    pub fn with_socket(mut self, socket: impl Into<PathBuf>) -> Self {
+        self.socket = Some(socket.into());
+        self
+    }
+
+    /// The engine's Unix socket, when known.
+    #[must_use]
+    pub fn socket(&self) -> Option<&Path> {
+        self.socket.as_deref()
     }
 
     /// Use an existing bollard client (negotiating its version).
@@ -73,6 +98,7 @@ impl Engine {
             major,
             runtimes,
             instance: instance.to_owned(),
+            socket: None,
         })
     }
 
@@ -144,6 +170,15 @@ fn kind_of(e: &bollard::errors::Error) -> ErrorKind {
         // name already taken.
         E::DockerResponseServerError { status_code: 409, .. } => ErrorKind::Conflict,
         E::RequestTimeoutError => ErrorKind::Timeout,
+        _ => ErrorKind::Upstream,
+    }
+}
+
+/// The class of an engine answer's HTTP status, for a request made without bollard (`docker::hijack`).
+pub(crate) fn kind_of_status(status: u16) -> ErrorKind {
+    match status {
+        404 => ErrorKind::NotFound,
+        409 => ErrorKind::Conflict,
         _ => ErrorKind::Upstream,
     }
 }

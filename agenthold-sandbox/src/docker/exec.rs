@@ -1,6 +1,11 @@
 //! Running commands in a sandbox (P1) through the engine's exec API. Every command goes through
 //! `sandboxd run`, which puts it in its own process group, enforces the timeout by killing the whole group,
 //! and records the group so that a running command can be cancelled (`sandboxd kill`), on any OCI runtime.
+//!
+//! Whether a command still runs ([`running`]) is the engine's answer about the exec that runs its
+//! `sandboxd run --id ID` wrapper: `run` waits for the command, so the exec runs exactly as long as the
+//! command's leader does. The engine lists only running execs on a container and forgets them all when it
+//! stops, so an id from before a restart of the sandbox is not running.
 
 use agenthold_core::AgentId;
 use agenthold_core::sandbox::{ExecChunk, ExecRequest, ExecStream};
@@ -11,6 +16,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::container::container_name;
 use crate::docker::engine::Engine;
+use crate::docker::engine::is_not_found;
 use crate::error::{Error, Result};
 
 /// Start `request` in `agent`'s sandbox, through `sandboxd run`.
@@ -87,7 +93,7 @@ pub(crate) async fn start_raw(
 }
 
 /// The exit code of a command whose output closed.
-async fn exit_code(engine: Engine, exec_id: String) -> Result<i64> {
+pub(crate) async fn exit_code(engine: Engine, exec_id: String) -> Result<i64> {
     for _ in 0..100 {
         let inspect = engine
             .docker
@@ -101,4 +107,66 @@ async fn exit_code(engine: Engine, exec_id: String) -> Result<i64> {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     Ok(-1)
+}
+
+/// Kill the command known as `exec_id` and its process group (`sandboxd kill`); one that ended is fine.
+pub(crate) async fn cancel(engine: &Engine, agent: &AgentId, exec_id: &str) -> Result<()> {
+    let request = ExecRequest {
+        argv: sandboxd::contract::command::kill(exec_id),
+        ..Default::default()
+    };
+    // `sandboxd kill` itself is not wrapped in `sandboxd run`: exec the binary directly.
+    let killed = start_raw(engine, agent, request, String::new()).await?;
+    killed.collect().await?;
+    Ok(())
+}
+
+/// Whether the engine still runs the exec of `sandboxd run --id EXEC_ID` in `agent`'s sandbox.
+pub(crate) async fn running(engine: &Engine, agent: &AgentId, exec_id: &str) -> Result<bool> {
+    if !sandboxd::contract::valid_exec_id(exec_id) {
+        return Err(Error::BadInput {
+            problem: format!("{exec_id:?} is not an exec id"),
+        });
+    }
+    let container = match engine
+        .docker
+        .inspect_container(&container_name(agent), None)
+        .await
+    {
+        Ok(c) => c,
+        Err(e) if is_not_found(&e) => {
+            return Err(Error::NotFound {
+                agent: agent.to_string(),
+            });
+        }
+        Err(e) => return Err(Error::engine(format!("inspect the sandbox of {agent}"), e)),
+    };
+    if container.state.and_then(|s| s.running) != Some(true) {
+        return Ok(false);
+    }
+    let wanted = [
+        sandboxd::contract::command::RUN,
+        sandboxd::contract::command::OPT_ID,
+        exec_id,
+    ];
+    for id in container.exec_ids.unwrap_or_default() {
+        let exec = match engine.docker.inspect_exec(&id).await {
+            Ok(exec) => exec,
+            // Ended and forgotten between the two requests.
+            Err(e) if is_not_found(&e) => continue,
+            Err(e) => return Err(Error::engine("inspect exec", e)),
+        };
+        let Some(process) = exec.process_config else {
+            continue;
+        };
+        let ours = process.entrypoint.as_deref() == Some(sandboxd::contract::SANDBOXD)
+            && process
+                .arguments
+                .as_deref()
+                .is_some_and(|args| args.len() >= wanted.len() && args[..wanted.len()] == wanted);
+        if ours && exec.running == Some(true) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }

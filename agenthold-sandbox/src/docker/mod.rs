@@ -9,11 +9,14 @@ mod config;
 mod container;
 pub mod engine;
 mod exec;
+mod files;
+mod hijack;
 pub mod holder;
 pub mod hostfw;
 pub mod image;
 pub mod network;
 mod reconcile;
+mod terminal;
 mod topology;
 
 use std::collections::HashSet;
@@ -21,16 +24,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use agenthold_core::sandbox::{
-    ContainerSpec, ExecRequest, ExecStream, ReconcileReport, SandboxInfo, SandboxState,
+    ContainerSpec, DirEntry, ExecRequest, ExecStream, ReconcileReport, SandboxInfo, SandboxState, Terminal,
+    TerminalRequest,
 };
 use agenthold_core::{AgentId, Sandbox, Store};
 use agenthold_egress::Gateway;
 use bollard::models::VolumeCreateRequest;
 use bollard::query_parameters::{
-    DownloadFromContainerOptions, InspectContainerOptions, RemoveContainerOptions, RemoveVolumeOptions,
-    StartContainerOptions, StopContainerOptions, UploadToContainerOptions,
+    InspectContainerOptions, RemoveContainerOptions, RemoveVolumeOptions, StartContainerOptions,
+    StopContainerOptions,
 };
-use futures_util::TryStreamExt;
 use tokio_util::sync::CancellationToken;
 
 pub use config::DockerConfig;
@@ -41,7 +44,6 @@ use crate::docker::network::AgentNetwork;
 use crate::error::{Error, Result};
 use crate::runtime::SandboxContext;
 use crate::tunnel::{TunnelServer, new_token};
-use archive::Entry;
 use container::{container_name, volume_name};
 use topology::{AgentRecord, Topology};
 
@@ -348,13 +350,7 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn cancel_exec(&self, agent: &AgentId, exec_id: &str) -> agenthold_core::Result<()> {
-        let request = ExecRequest {
-            argv: sandboxd::contract::command::kill(exec_id),
-            ..Default::default()
-        };
-        // `sandboxd kill` itself is not wrapped in `sandboxd run`: exec the binary directly.
-        let killed = exec::start_raw(&self.engine, agent, request, String::new()).await?;
-        killed.collect().await.map(drop)
+        Ok(exec::cancel(&self.engine, agent, exec_id).await?)
     }
 
     async fn reconcile(&self, _agents: &[AgentId]) -> agenthold_core::Result<ReconcileReport> {
@@ -369,56 +365,39 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn read_file(&self, agent: &AgentId, path: &str) -> agenthold_core::Result<Vec<u8>> {
-        let options = DownloadFromContainerOptions {
-            path: path.to_owned(),
-        };
-        let mut stream = self
-            .engine
-            .docker
-            .download_from_container(&container_name(agent), Some(options));
-        let mut tar = Vec::new();
-        while let Some(chunk) = stream
-            .try_next()
-            .await
-            .map_err(|e| Error::engine(format!("read {path}"), e))?
-        {
-            if tar.len() + chunk.len() > MAX_FILE + 64 * 1024 {
-                return Err(Error::BadInput {
-                    problem: format!("{path} is larger than {MAX_FILE} bytes"),
-                }
-                .into());
-            }
-            tar.extend_from_slice(&chunk);
-        }
-        Ok(archive::first_file(&tar, MAX_FILE)?)
+        Ok(files::read(&self.engine, agent, path).await?)
     }
 
     async fn write_file(&self, agent: &AgentId, path: &str, data: &[u8]) -> agenthold_core::Result<()> {
-        let relative = path.strip_prefix('/').ok_or_else(|| Error::BadInput {
-            problem: format!("{path:?}: give an absolute path"),
-        })?;
-        let tar = archive::pack(
-            &[Entry {
-                path: relative,
-                mode: 0o644,
-                data,
-            }],
-            0o755,
-        )?;
-        let options = UploadToContainerOptions {
-            path: "/".to_owned(),
-            ..Default::default()
-        };
-        self.engine
-            .docker
-            .upload_to_container(
-                &container_name(agent),
-                Some(options),
-                bollard::body_full(tar.into()),
-            )
-            .await
-            .map_err(|e| Error::engine(format!("write {path}"), e))?;
-        Ok(())
+        Ok(files::write(&self.engine, agent, path, data).await?)
+    }
+
+    /// Runs GNU `find` in the sandbox (see the `files` module).
+    async fn list_dir(&self, agent: &AgentId, path: &str) -> agenthold_core::Result<Vec<DirEntry>> {
+        Ok(files::list(&self.engine, agent, path).await?)
+    }
+
+    /// Runs `rm -rf` in the sandbox.
+    async fn remove_path(&self, agent: &AgentId, path: &str) -> agenthold_core::Result<()> {
+        Ok(files::remove(&self.engine, agent, path).await?)
+    }
+
+    /// Resolved by the engine's stat API, never by a program in the sandbox (see the `files` module).
+    async fn resolve_path(&self, agent: &AgentId, path: &str) -> agenthold_core::Result<String> {
+        Ok(files::resolve(&self.engine, agent, path).await?)
+    }
+
+    async fn open_terminal(
+        &self,
+        agent: &AgentId,
+        request: TerminalRequest,
+    ) -> agenthold_core::Result<Terminal> {
+        Ok(terminal::open(&self.engine, agent, request).await?)
+    }
+
+    /// Asks the engine whether the exec running `sandboxd run --id EXEC_ID` still runs.
+    async fn exec_running(&self, agent: &AgentId, exec_id: &str) -> agenthold_core::Result<bool> {
+        Ok(exec::running(&self.engine, agent, exec_id).await?)
     }
 
     async fn inspect(&self, agent: &AgentId) -> agenthold_core::Result<SandboxInfo> {

@@ -101,17 +101,23 @@ impl Tree {
         if path == "/" {
             return Err(bad("refusing to remove /".into()));
         }
-        if self.links.remove(&path).is_some() || self.files.remove(&path).is_some() {
-            return Ok(());
+        let removed = self.links.remove(&path).is_some() || self.files.remove(&path).is_some();
+        if !removed {
+            if !self.is_dir(&path) {
+                return Err(missing(&path));
+            }
+            let prefix = format!("{path}/");
+            let keep = |p: &String| *p != path && !p.starts_with(&prefix);
+            self.files.retain(|p, _| keep(p));
+            self.links.retain(|p, _| keep(p));
+            self.dirs.retain(keep);
         }
-        if !self.is_dir(&path) {
-            return Err(missing(&path));
+        // The directory it was in stays, empty or not.
+        if let Some((parent, _)) = path.rsplit_once('/')
+            && !parent.is_empty()
+        {
+            self.dirs.insert(parent.to_owned());
         }
-        let prefix = format!("{path}/");
-        let keep = |p: &String| *p != path && !p.starts_with(&prefix);
-        self.files.retain(|p, _| keep(p));
-        self.links.retain(|p, _| keep(p));
-        self.dirs.retain(keep);
         Ok(())
     }
 

@@ -180,8 +180,9 @@ impl RuntimeBuilder {
         let vault = Arc::new(Vault::new(MasterKey::load_from_env_or_file(
             &config.master_key_file()?,
         )?));
+        let record_lock = Arc::new(tokio::sync::Mutex::new(()));
         let mut egress = EgressStack::builder(&config.egress, &data_dir)
-            .on_secret_update(persist_refreshed(&store, &vault))
+            .on_secret_update(persist_refreshed(&store, &vault, &record_lock))
             .dangerous(self.dangerous);
         if let Some(policy) = self.policy {
             egress = egress.policy(policy);
@@ -234,6 +235,7 @@ impl RuntimeBuilder {
             sandbox,
             tunnel,
             pool,
+            record_lock,
             cancel,
         };
         runtime.restore().await?;
@@ -245,19 +247,25 @@ impl RuntimeBuilder {
 /// Persist a token refresh's new values in the vault-sealed records (E15), sealed with the rules of the
 /// stored secret, and only after the stored value was seen to open under those rules: a record whose rules
 /// were changed outside agenthold is never re-sealed (which would bind the new value to those rules, S15).
-fn persist_refreshed(store: &Arc<dyn Store>, vault: &Arc<Vault>) -> agenthold_core::secret::OnUpdate {
-    let (store, vault) = (Arc::clone(store), Arc::clone(vault));
+fn persist_refreshed(
+    store: &Arc<dyn Store>,
+    vault: &Arc<Vault>,
+    record_lock: &Arc<tokio::sync::Mutex<()>>,
+) -> agenthold_core::secret::OnUpdate {
+    let (store, vault, record_lock) = (Arc::clone(store), Arc::clone(vault), Arc::clone(record_lock));
     let handle = tokio::runtime::Handle::try_current().ok();
     Box::new(move |agent: &AgentId, name: &str, value: &SecretValue| {
         let Some(handle) = &handle else { return };
-        let (store, vault, agent, name) = (
+        let (store, vault, record_lock, agent, name) = (
             Arc::clone(&store),
             Arc::clone(&vault),
+            Arc::clone(&record_lock),
             agent.clone(),
             name.to_owned(),
         );
         let value = value.clone();
         handle.spawn(async move {
+            let _records = record_lock.lock().await;
             let Ok(Some(mut record)) = records::RECORDS.load(store.as_ref(), &agent).await else {
                 return;
             };
@@ -383,7 +391,7 @@ mod tests {
             .save(store.as_ref(), &agent, &record)
             .await
             .unwrap();
-        let on_update = persist_refreshed(&store, &vault);
+        let on_update = persist_refreshed(&store, &vault, &Arc::default());
         let settle = || tokio::time::sleep(std::time::Duration::from_millis(200));
 
         // Untouched: the new value replaces the old one, bound to the same rules.

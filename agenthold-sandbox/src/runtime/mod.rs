@@ -17,20 +17,23 @@
 // enforces: P1
 
 mod builder;
+mod commands;
 mod context;
+mod files;
 mod pool;
 mod records;
+mod secrets;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_changes;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use agenthold_core::policy::{EgressPolicy, NetworkPolicy};
-use agenthold_core::sandbox::{
-    ContainerSpec, ExecOutput, ExecRequest, ExecStream, GatewaySpec, SandboxInfo, SandboxSpec,
-};
-use agenthold_core::secret::{SecretInjector, SecretTable};
+use agenthold_core::sandbox::{ContainerSpec, GatewaySpec, SandboxInfo, SandboxSpec};
+use agenthold_core::secret::SecretInjector;
 use agenthold_core::{AgentId, Config, Sandbox, Store, Vault};
 use agenthold_egress::log::LogEntry;
 use agenthold_egress::{CertificateAuthority, Gateway};
@@ -60,6 +63,9 @@ pub struct Runtime {
     tunnel: Arc<TunnelServer>,
     /// The warm pool (`sandbox.warm_pool`; empty when 0).
     pool: Arc<pool::Pool>,
+    /// Held while an agent's record is read, changed and stored again (policy, secrets, a refreshed token,
+    /// forgetting), so two changes never lose one another.
+    record_lock: Arc<tokio::sync::Mutex<()>>,
     cancel: CancellationToken,
 }
 
@@ -186,58 +192,6 @@ impl Runtime {
         created
     }
 
-    /// Run a command to completion.
-    ///
-    /// # Errors
-    /// When the sandbox does not exist or does not run.
-    pub async fn exec(&self, agent: &AgentId, argv: &[&str]) -> Result<ExecOutput> {
-        let request = ExecRequest {
-            argv: argv.iter().map(|a| (*a).to_owned()).collect(),
-            ..ExecRequest::default()
-        };
-        self.exec_request(agent, request).await
-    }
-
-    /// Run a command described in full (environment, working directory, stdin, timeout).
-    ///
-    /// # Errors
-    /// As [`Runtime::exec`].
-    pub async fn exec_request(&self, agent: &AgentId, request: ExecRequest) -> Result<ExecOutput> {
-        Ok(self.sandbox.exec(agent, request).await?)
-    }
-
-    /// Start a command and stream its output (see [`Sandbox::exec_stream`]).
-    ///
-    /// # Errors
-    /// As [`Runtime::exec`].
-    pub async fn exec_stream(&self, agent: &AgentId, request: ExecRequest) -> Result<ExecStream> {
-        Ok(self.sandbox.exec_stream(agent, request).await?)
-    }
-
-    /// Kill a running command started with [`Runtime::exec_stream`], by its [`ExecStream::id`].
-    ///
-    /// # Errors
-    /// When the sandbox runtime fails.
-    pub async fn cancel_exec(&self, agent: &AgentId, exec_id: &str) -> Result<()> {
-        Ok(self.sandbox.cancel_exec(agent, exec_id).await?)
-    }
-
-    /// Read a file from a sandbox.
-    ///
-    /// # Errors
-    /// When the file does not exist or is a directory.
-    pub async fn read_file(&self, agent: &AgentId, path: &str) -> Result<Vec<u8>> {
-        Ok(self.sandbox.read_file(agent, path).await?)
-    }
-
-    /// Write (create or replace) a file in a sandbox, creating parent directories.
-    ///
-    /// # Errors
-    /// When the path is not absolute or the engine fails.
-    pub async fn write_file(&self, agent: &AgentId, path: &str, data: &[u8]) -> Result<()> {
-        Ok(self.sandbox.write_file(agent, path, data).await?)
-    }
-
     /// Replace an agent's network policy; new connections and DNS queries use it at once (E8).
     ///
     /// # Errors
@@ -246,6 +200,7 @@ impl Runtime {
         let table = self.policy.table().ok_or_else(|| Error::Unavailable {
             problem: "policies are managed by the custom EgressPolicy this runtime was built with".into(),
         })?;
+        let _records = self.record_lock.lock().await;
         let mut record = records::RECORDS
             .load(self.store.as_ref(), agent)
             .await?
@@ -276,6 +231,26 @@ impl Runtime {
     #[must_use]
     pub fn request_log(&self, agent: &AgentId) -> Vec<LogEntry> {
         self.gateway.log().snapshot(agent)
+    }
+
+    /// The agent's request log entries still held whose [`LogEntry::seq`] is greater than `after_seq`,
+    /// oldest first (E16): what a reader that saw up to `after_seq` missed. Entries that fell out of the
+    /// agent's ring meanwhile are gone; a gap in `seq` between the last one seen and the first returned may
+    /// also be other agents' entries (one counter numbers every agent's).
+    ///
+    /// To resume a live stream without a gap: [`Runtime::subscribe_requests`] first, then this, then the
+    /// live entries whose `seq` is greater than the last one returned here.
+    #[must_use]
+    pub fn request_log_since(&self, agent: &AgentId, after_seq: u64) -> Vec<LogEntry> {
+        self.gateway.log().since(agent, after_seq)
+    }
+
+    /// Every request log entry recorded from now on, of every agent, as it is recorded (E16). A receiver
+    /// that falls more than 1024 entries behind gets `RecvError::Lagged` and skips ahead; it can fill the gap
+    /// from [`Runtime::request_log_since`].
+    #[must_use]
+    pub fn subscribe_requests(&self) -> tokio::sync::broadcast::Receiver<Arc<LogEntry>> {
+        self.gateway.log().subscribe()
     }
 
     /// Whether the agent's sandboxd has a live tunnel (S2).
@@ -355,6 +330,7 @@ impl Runtime {
 
     /// Drop everything the runtime holds for `agent` (policy, secrets, log, record).
     async fn forget(&self, agent: &AgentId) {
+        let _records = self.record_lock.lock().await;
         if let Some(table) = self.policy.table() {
             table.remove(agent);
         }
@@ -379,13 +355,6 @@ impl Runtime {
     #[must_use]
     pub fn warm_pool_ready(&self) -> usize {
         self.pool.len()
-    }
-
-    /// The secret table the runtime sets specs' secrets in (the default injector's; `None` with a custom
-    /// injector that has none).
-    #[must_use]
-    pub fn secrets(&self) -> Option<&SecretTable> {
-        self.injector.table()
     }
 }
 

@@ -56,25 +56,20 @@ impl AgentRecord {
         vault: &Vault,
         agent: &AgentId,
     ) -> Result<Self> {
-        let mut stored = Vec::with_capacity(secrets.len());
-        for s in secrets {
-            let placeholder = placeholders
-                .iter()
-                .find(|p| p.name == s.name)
-                .map(|p| p.placeholder.clone())
-                .unwrap_or_default();
-            let sealed = vault.seal(&secret_id(agent, &s.name)?, &s.rules, &s.value);
-            stored.push(StoredSecret {
-                name: s.name.clone(),
-                env: s.env.clone(),
-                placeholder,
-                rules: s.rules.clone(),
-                sealed: base64::engine::general_purpose::STANDARD.encode(sealed),
-            });
-        }
+        let with: Vec<(SecretSpec, String)> = secrets
+            .iter()
+            .map(|s| {
+                let placeholder = placeholders
+                    .iter()
+                    .find(|p| p.name == s.name)
+                    .map(|p| p.placeholder.clone())
+                    .unwrap_or_default();
+                (s.clone(), placeholder)
+            })
+            .collect();
         Ok(Self {
             spec: spec.clone(),
-            secrets: stored,
+            secrets: seal(&with, vault, agent)?,
             pooled: false,
         })
     }
@@ -127,6 +122,27 @@ impl AgentRecord {
         }
         Ok(changed)
     }
+}
+
+/// Each secret with its placeholder as stored: rules and placeholder in clear, the value sealed by the vault
+/// under the secret's id and rules.
+pub(crate) fn seal(
+    with: &[(SecretSpec, String)],
+    vault: &Vault,
+    agent: &AgentId,
+) -> Result<Vec<StoredSecret>> {
+    with.iter()
+        .map(|(s, placeholder)| {
+            let sealed = vault.seal(&secret_id(agent, &s.name)?, &s.rules, &s.value);
+            Ok(StoredSecret {
+                name: s.name.clone(),
+                env: s.env.clone(),
+                placeholder: placeholder.clone(),
+                rules: s.rules.clone(),
+                sealed: base64::engine::general_purpose::STANDARD.encode(sealed),
+            })
+        })
+        .collect()
 }
 
 impl StoredSecret {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agenthold_core::policy::{DenyReason, Destination, Verdict};
-use agenthold_core::sandbox::{ExecChunk, ExecOutput, SandboxSpec, SandboxState};
+use agenthold_core::sandbox::{ExecChunk, ExecOutput, ExecRequest, SandboxSpec, SandboxState};
 use agenthold_core::secret::{SecretRule, SecretSpec};
 use agenthold_core::{AgentId, Config, ErrorKind, NetworkPolicy, PolicyMode};
 
