@@ -13,6 +13,7 @@
 
 pub(crate) mod admin;
 mod api;
+mod execs;
 mod login;
 mod records;
 mod state;
@@ -89,8 +90,17 @@ impl Server {
     pub async fn with_runtime(config: Config, runtime: Runtime, store: Arc<dyn Store>) -> Result<Self> {
         let data_dir = config.data_dir()?;
         let dir = Arc::new(Directory::new(Arc::clone(&store), config.auth.clone()));
+        let runtime = Arc::new(runtime);
+        let execs = execs::Execs::new(Arc::clone(&runtime), Arc::clone(&store));
+        let lost = execs
+            .reconcile()
+            .await
+            .map_err(|e| anyhow::anyhow!("reconcile the execs of the previous server: {e}"))?;
+        if lost > 0 {
+            tracing::info!(lost, "execs left running by the previous server are marked lost");
+        }
         let state = AppState::new(Shared {
-            runtime: Arc::new(runtime),
+            runtime,
             authz: Arc::new(RoleAuthz::new(Arc::clone(&dir))),
             limits: Arc::new(RateLimits::new(&config.auth)),
             dir,
@@ -101,6 +111,7 @@ impl Server {
                 .ok(),
             config,
             shutdown: CancellationToken::new(),
+            execs,
         });
         Ok(Self { state, data_dir })
     }

@@ -10,6 +10,8 @@ use agenthold_sandbox::Runtime;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::execs::Execs;
+
 /// The server's shared state.
 #[derive(Clone)]
 pub(crate) struct AppState(Arc<Shared>);
@@ -34,6 +36,8 @@ pub(crate) struct Shared {
     pub(crate) metrics: Option<PrometheusHandle>,
     /// Cancelled when the server shuts down: streams end with their `end` event.
     pub(crate) shutdown: CancellationToken,
+    /// Execs as server-side objects.
+    pub(crate) execs: Arc<Execs>,
 }
 
 impl Deref for AppState {

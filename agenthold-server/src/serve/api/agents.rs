@@ -488,6 +488,7 @@ async fn delete_agent(
     }
     state.dir.unregister_agent(&ws, &agent).await?;
     records::delete(state.store.as_ref(), &agent).await?;
+    state.execs.forget_agent(&agent).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -9,12 +9,12 @@
 mod agents;
 mod caller;
 mod error;
+mod execs;
 mod health;
 mod json;
 mod me;
 mod policy;
 mod roles;
-#[allow(dead_code, reason = "the streams of the request log and of execs use it")]
 mod sse;
 mod workspaces;
 
@@ -81,6 +81,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(workspaces::routes())
         .merge(agents::routes())
         .merge(policy::routes())
+        .merge(execs::routes())
 }
 
 /// The OpenAPI document of the API (the same list the router serves).

@@ -2,6 +2,9 @@
 //! the real Docker engine. [`support`] starts one server per test (own data dir, free port) and sweeps its
 //! engine objects afterwards.
 
+mod execs;
+#[allow(dead_code, reason = "shared by the exec tests (and the file and terminal tests to come)")]
+pub(crate) mod fixture;
 mod smoke;
 #[allow(
     dead_code,
