@@ -10,6 +10,7 @@ mod agents;
 mod caller;
 mod error;
 mod execs;
+mod files;
 mod health;
 mod json;
 mod me;
@@ -82,6 +83,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(agents::routes())
         .merge(policy::routes())
         .merge(execs::routes())
+        .merge(files::routes())
 }
 
 /// The OpenAPI document of the API (the same list the router serves).

@@ -3,7 +3,11 @@
 //! engine objects afterwards.
 
 mod execs;
-#[allow(dead_code, reason = "shared by the exec tests (and the file and terminal tests to come)")]
+mod files;
+#[allow(
+    dead_code,
+    reason = "shared by the exec and file tests (and the terminal tests to come)"
+)]
 pub(crate) mod fixture;
 mod smoke;
 #[allow(
