@@ -17,6 +17,7 @@ mod me;
 mod policy;
 mod roles;
 mod sse;
+mod terminal;
 mod workspaces;
 
 use std::time::Instant;
@@ -84,6 +85,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(policy::routes())
         .merge(execs::routes())
         .merge(files::routes())
+        .merge(terminal::routes())
 }
 
 /// The OpenAPI document of the API (the same list the router serves).

@@ -4,10 +4,7 @@
 
 mod execs;
 mod files;
-#[allow(
-    dead_code,
-    reason = "shared by the exec and file tests (and the terminal tests to come)"
-)]
+#[allow(dead_code, reason = "shared by the exec, file and terminal tests")]
 pub(crate) mod fixture;
 mod smoke;
 #[allow(
@@ -15,3 +12,4 @@ mod smoke;
     reason = "shared by the server tests; not every test uses every helper"
 )]
 pub(crate) mod support;
+mod terminal;
