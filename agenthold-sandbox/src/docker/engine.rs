@@ -269,7 +269,10 @@ mod tests {
             403,
             "Pool overlaps with other one on this address space"
         )));
-        assert!(!is_pool_overlap(&answer(409, "network with name x already exists")));
+        assert!(!is_pool_overlap(&answer(
+            409,
+            "network with name x already exists"
+        )));
         assert!(is_not_found(&answer(404, "")));
         assert!(!is_not_found(&answer(409, "")));
         assert!(is_not_modified(&answer(304, "")));

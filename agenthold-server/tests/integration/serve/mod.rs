@@ -2,6 +2,10 @@
 //! the real Docker engine. [`support`] starts one server per test (own data dir, free port) and sweeps its
 //! engine objects afterwards.
 
+mod execs;
+mod files;
+#[allow(dead_code, reason = "shared by the exec, file and terminal tests")]
+pub(crate) mod fixture;
 mod requests;
 mod secrets;
 mod smoke;
@@ -10,6 +14,7 @@ mod smoke;
     reason = "shared by the server tests; not every test uses every helper"
 )]
 pub(crate) mod support;
+mod terminal;
 #[allow(
     dead_code,
     reason = "shared by the egress tests; not every test uses every helper"
