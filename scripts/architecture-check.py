@@ -33,7 +33,7 @@ ALLOWED = {
     "agenthold-egress": {"agenthold-core"},
     "agenthold-auth": {"agenthold-core"},
     "agenthold-sandbox": {"agenthold-core", "agenthold-egress", "sandboxd"},
-    "agenthold-server": {"agenthold-core", "agenthold-egress", "agenthold-sandbox", "agenthold-auth"},
+    "agenthold-server": {"agenthold-core", "agenthold-egress", "agenthold-sandbox", "agenthold-auth", "sandboxd"},
     "agenthold-python": {"agenthold-core", "agenthold-egress", "agenthold-sandbox"},
     "agenthold-testsupport": {"agenthold-core", "agenthold-egress"},
     "agenthold-examples": {"agenthold-core", "agenthold-egress", "agenthold-sandbox", "agenthold-testsupport"},

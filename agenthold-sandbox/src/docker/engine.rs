@@ -188,6 +188,17 @@ pub(crate) fn is_not_found(e: &bollard::errors::Error) -> bool {
     kind_of(e) == ErrorKind::NotFound
 }
 
+/// Whether the engine refused a network because its subnet overlaps another one: another runtime on the
+/// same engine took that subnet between our look at the engine's networks and our create. The engine says
+/// so only in its message ("Pool overlaps with other one on this address space").
+pub(crate) fn is_pool_overlap(e: &bollard::errors::Error) -> bool {
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError { message, .. }
+            if message.to_ascii_lowercase().contains("overlaps")
+    )
+}
+
 /// Whether the engine answered 304: the container already is in the state asked for (started, stopped).
 pub(crate) fn is_not_modified(e: &bollard::errors::Error) -> bool {
     matches!(
@@ -253,6 +264,15 @@ mod tests {
 
     #[test]
     fn answers_that_are_not_failures() {
+        // What Docker 20.10 answers when another runtime took the subnet first.
+        assert!(is_pool_overlap(&answer(
+            403,
+            "Pool overlaps with other one on this address space"
+        )));
+        assert!(!is_pool_overlap(&answer(
+            409,
+            "network with name x already exists"
+        )));
         assert!(is_not_found(&answer(404, "")));
         assert!(!is_not_found(&answer(409, "")));
         assert!(is_not_modified(&answer(304, "")));

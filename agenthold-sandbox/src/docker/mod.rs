@@ -47,6 +47,9 @@ use crate::tunnel::{TunnelServer, new_token};
 use container::{container_name, volume_name};
 use topology::{AgentRecord, Topology};
 
+/// How many subnets one create tries when the engine refuses them as overlapping (see `create_inner`).
+const SUBNET_TRIES: usize = 16;
+
 /// Largest file [`DockerSandbox`] reads in one piece.
 pub const MAX_FILE: usize = 256 * 1024 * 1024;
 
@@ -159,11 +162,30 @@ impl DockerSandbox {
     async fn create_inner(&self, agent: &AgentId, spec: &ContainerSpec, made: &mut Made) -> Result<()> {
         image::require_image(&self.engine.docker, spec.image()).await?;
         let mut topo = self.topology.lock().await;
-        let net = topo
-            .allocate(&self.engine, self.config.subnet_pool, agent)
-            .await?;
+        // Another runtime on the same engine may take the subnet we picked before we create the network;
+        // the engine then refuses it and we pick the next free one (the refused one stays reserved).
+        let mut tries = 0;
+        let net = loop {
+            let net = topo
+                .allocate(&self.engine, self.config.subnet_pool, agent)
+                .await?;
+            match crate::docker::network::create(&self.engine, agent, &net).await? {
+                network::Created::Made => break net,
+                network::Created::SubnetTaken if tries < SUBNET_TRIES => {
+                    tries += 1;
+                    tracing::debug!(agent = %agent, subnet = %net.subnet, "subnet taken meanwhile; picking another");
+                }
+                network::Created::SubnetTaken => {
+                    return Err(Error::Unavailable {
+                        problem: format!(
+                            "the engine refused {SUBNET_TRIES} subnets of sandbox.subnet_pool as overlapping other \
+                             networks; is another program creating networks in that range?"
+                        ),
+                    });
+                }
+            }
+        };
         made.network = Some(net.clone());
-        crate::docker::network::create(&self.engine, agent, &net).await?;
         made.record = true;
         topology::RECORDS
             .save(

@@ -93,13 +93,23 @@ pub async fn allocate_subnet(docker: &Docker, pool: Ipv4Net, taken: &HashSet<Ipv
     })
 }
 
+/// What [`create`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Created {
+    /// The network exists now (made, or already there).
+    Made,
+    /// The engine refused the subnet: another network on the same engine (of another runtime, made
+    /// concurrently) overlaps it. Pick another subnet and try again.
+    SubnetTaken,
+}
+
 /// Create the agent's network (idempotent: an existing network of that name is reused).
 ///
 /// # Errors
-/// When the engine refuses (for example an overlapping subnet created concurrently).
-pub async fn create(engine: &Engine, agent: &AgentId, net: &AgentNetwork) -> Result<()> {
+/// When the engine refuses for another reason than an overlapping subnet.
+pub async fn create(engine: &Engine, agent: &AgentId, net: &AgentNetwork) -> Result<Created> {
     if exists(&engine.docker, &net.name).await? {
-        return Ok(());
+        return Ok(Created::Made);
     }
     let mut options = HashMap::from([
         ("com.docker.network.bridge.name".to_owned(), net.bridge.clone()),
@@ -138,12 +148,11 @@ pub async fn create(engine: &Engine, agent: &AgentId, net: &AgentNetwork) -> Res
         labels: Some(engine.labels(Some(agent), "network")),
         ..Default::default()
     };
-    engine
-        .docker
-        .create_network(request)
-        .await
-        .map_err(|e| Error::engine(format!("create network {}", net.name), e))?;
-    Ok(())
+    match engine.docker.create_network(request).await {
+        Ok(_) => Ok(Created::Made),
+        Err(e) if crate::docker::engine::is_pool_overlap(&e) => Ok(Created::SubnetTaken),
+        Err(e) => Err(Error::engine(format!("create network {}", net.name), e)),
+    }
 }
 
 /// Remove the agent's network (idempotent).

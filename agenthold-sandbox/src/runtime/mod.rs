@@ -218,13 +218,24 @@ impl Runtime {
     /// # Errors
     /// When the agent does not exist or the store fails.
     pub async fn policy(&self, agent: &AgentId) -> Result<NetworkPolicy> {
+        Ok(self.spec(agent).await?.policy)
+    }
+
+    /// The spec the agent was created with, as it stands now (its policy as last set). Its `secrets` are
+    /// empty: values never leave the runtime (see [`Runtime::agent_secrets`] for names and placeholders).
+    ///
+    /// # Errors
+    /// When the agent does not exist or the store fails.
+    pub async fn spec(&self, agent: &AgentId) -> Result<SandboxSpec> {
         let record = records::RECORDS
             .load(self.store.as_ref(), agent)
             .await?
             .ok_or_else(|| Error::NotFound {
                 agent: agent.to_string(),
             })?;
-        Ok(record.spec.policy)
+        let mut spec = record.spec;
+        spec.secrets.clear();
+        Ok(spec)
     }
 
     /// The agent's request log, oldest first (E16).

@@ -13,6 +13,7 @@
 
 pub(crate) mod admin;
 mod api;
+mod execs;
 mod login;
 mod records;
 mod secrets;
@@ -95,8 +96,17 @@ impl Server {
         let vault = Arc::new(Vault::new(
             MasterKey::load_from_env_or_file(&config.master_key_file()?).context("load the master key")?,
         ));
+        let runtime = Arc::new(runtime);
+        let execs = execs::Execs::new(Arc::clone(&runtime), Arc::clone(&store));
+        let lost = execs
+            .reconcile()
+            .await
+            .map_err(|e| anyhow::anyhow!("reconcile the execs of the previous server: {e}"))?;
+        if lost > 0 {
+            tracing::info!(lost, "execs left running by the previous server are marked lost");
+        }
         let state = AppState::new(Shared {
-            runtime: Arc::new(runtime),
+            runtime,
             authz: Arc::new(RoleAuthz::new(Arc::clone(&dir))),
             limits: Arc::new(RateLimits::new(&config.auth)),
             dir,
@@ -110,6 +120,7 @@ impl Server {
             vault,
             edits: tokio::sync::Mutex::new(()),
             agents_gone: state::AgentSignals::default(),
+            execs,
         });
         secrets::reconcile(&state).await;
         Ok(Self { state, data_dir })

@@ -11,6 +11,8 @@ use agenthold_sandbox::Runtime;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::execs::Execs;
+
 /// The server's shared state.
 #[derive(Clone)]
 pub(crate) struct AppState(Arc<Shared>);
@@ -42,6 +44,8 @@ pub(crate) struct Shared {
     pub(crate) edits: tokio::sync::Mutex<()>,
     /// Fired when an agent is deleted: its streams end.
     pub(crate) agents_gone: AgentSignals,
+    /// Execs as server-side objects.
+    pub(crate) execs: Arc<Execs>,
 }
 
 /// One cancellation token per agent that someone waits on, fired (and forgotten) when the agent is deleted.

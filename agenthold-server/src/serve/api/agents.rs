@@ -525,6 +525,7 @@ async fn delete_agent(
     records::delete(state.store.as_ref(), &agent).await?;
     crate::serve::secrets::forget_agent(state.store.as_ref(), &agent).await;
     state.agents_gone.fire(&agent);
+    state.execs.forget_agent(&agent).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

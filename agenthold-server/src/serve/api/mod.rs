@@ -2,7 +2,7 @@
 //! (`/api/v1/openapi.json`) and the router come from one list (SERVER.md §3). Every operation carries its
 //! minimum role as the extension `x-agenthold-role`; the role-matrix test walks the document.
 //!
-//! Around every route: the body cap (S9, 8 MiB unless a route streams with its own cap), cross-origin
+//! Around every route: the body cap (S9, 8 MiB unless a route sets its own, as file uploads do), cross-origin
 //! protection for state-changing requests (S6, the rule of Go's `CrossOriginProtection`), the audit log of
 //! state-changing workspace calls (P4), request metrics and the security headers.
 
@@ -11,6 +11,8 @@ mod agents;
 mod caller;
 mod doc;
 mod error;
+mod execs;
+mod files;
 mod health;
 mod json;
 mod me;
@@ -20,6 +22,7 @@ mod roles;
 mod secrets;
 mod sse;
 mod suggestions;
+mod terminal;
 mod workspaces;
 
 use std::time::Instant;
@@ -42,7 +45,7 @@ pub(crate) use json::{Body, Params};
 
 use crate::serve::state::AppState;
 
-/// Largest JSON body a route accepts (S9); file uploads stream with their own cap.
+/// Largest JSON body a route accepts (S9); file uploads have their own cap (64 MiB, `files`).
 pub(crate) const BODY_LIMIT: usize = 8 * 1024 * 1024;
 
 #[derive(OpenApi)]
@@ -89,6 +92,9 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(agent_secrets::routes())
         .merge(requests::routes())
         .merge(suggestions::routes())
+        .merge(execs::routes())
+        .merge(files::routes())
+        .merge(terminal::routes())
 }
 
 /// The OpenAPI document of the API (the same list the router serves).

@@ -13,6 +13,10 @@ mod bad_input;
 )]
 pub(crate) mod client;
 mod crash;
+mod execs;
+mod files;
+#[allow(dead_code, reason = "shared by the exec, file and terminal tests")]
+pub(crate) mod fixture;
 mod matrix;
 mod requests;
 mod secrets;
@@ -22,6 +26,7 @@ mod smoke;
     reason = "shared by the server tests; not every test uses every helper"
 )]
 pub(crate) mod support;
+mod terminal;
 #[allow(
     dead_code,
     reason = "shared by the egress tests; not every test uses every helper"

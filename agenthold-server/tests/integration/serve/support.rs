@@ -241,7 +241,13 @@ impl TestServer {
                 let req = req.header("Content-Type", content_type).body(b.to_vec()).unwrap();
                 self.agent.run(req)
             }
-            None => self.agent.run(req.body(()).unwrap()),
+            // An explicit empty body: without it ureq sends a POST's empty body chunked, in a write of its
+            // own; a handler that answers without reading it (a 403, a bodyless action) may then leave
+            // hyper closing the connection after the answer, and the next request on the pooled
+            // connection fails with "Peer disconnected".
+            None => self
+                .agent
+                .run(req.header("Content-Length", "0").body(()).unwrap()),
         }
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
         let status = response.status().as_u16();
