@@ -8,8 +8,9 @@
 # Uses the agenthold binary of the last `cargo build` / `make unit` (target/debug/agenthold, or $AGENTHOLD);
 # builds it only when it is missing. Schemathesis is pinned and installed once into target/python/schemathesis
 # (Python >= 3.11). The fixture is one user with a personal token and a browser session, one workspace and one
-# agent (a real sandbox); path parameters {ws}, {agent} and {user} are pinned to them so requests reach the
-# handlers instead of 404. Rate limits are off for the run (fuzzing is a burst by design; the rate limits have
+# agent (a real sandbox), and where the document has them an exec and a secret; path parameters {ws}, {agent},
+# {user}, {exec}, {secret} (and the file API's ?path=) are pinned to them so requests reach the handlers
+# instead of 404. Rate limits are off for the run (fuzzing is a burst by design; the rate limits have
 # their own tests). Bounded: FUZZ_EXAMPLES cases per operation and phase, FUZZ_TIMEOUT seconds in all.
 # Not fuzzed: the WebSocket terminal and the SSE streams (a request there stays open until the server ends
 # it; their handshake and first answer are covered by the role matrix test).
@@ -130,6 +131,19 @@ token=$(admin token create --user "$user")
 session=$(admin session create --user "$user")
 ws=$(api POST /api/v1/workspaces '{"name": "fuzz"}' | json 'v["id"]')
 agent=$(api POST "/api/v1/workspaces/$ws/agents" '{"name": "fuzz"}' | json 'v["id"]')
+doc=$(curl -fsS "$base/api/v1/openapi.json")
+has() { json "\"$1\" in v[\"paths\"]" <<<"$doc" | grep -q True; }
+# More fixtures where the document has their operations: a finished exec, a secret attached to the agent.
+pins=()
+if has "/api/v1/workspaces/{ws}/agents/{agent}/execs"; then
+  exec_id=$(api POST "/api/v1/workspaces/$ws/agents/$agent/execs" '{"argv": ["true"]}' | json 'v["id"]')
+  pins+=("\"path.exec\" = \"$exec_id\"")
+fi
+if has "/api/v1/workspaces/{ws}/secrets"; then
+  secret=$(api POST "/api/v1/workspaces/$ws/secrets" '{"name": "fuzz", "value": "x", "preset": "openai"}' | json 'v["id"]')
+  pins+=("\"path.secret\" = \"$secret\"")
+fi
+pins+=('"query.path" = "/tmp/fuzz"')
 log "server on $base; workspace $ws, agent $agent"
 
 # Path parameters pinned to the fixture; deleting the fixture agent would leave the rest with nothing to
@@ -142,6 +156,7 @@ headers = { Authorization = "Bearer $token" }
 "path.ws" = "$ws"
 "path.agent" = "$agent"
 "path.user" = "$user"
+$(printf '%s\n' "${pins[@]}")
 
 [[operations]]
 include-name = "DELETE /api/v1/workspaces/{ws}/agents/{agent}"
@@ -153,10 +168,10 @@ headers = { Authorization = "none", Cookie = "agenthold_session=$session" }
 EOF
 
 # The streams: SSE (text/event-stream answers) and the WebSocket terminal (101), read from the document.
-mapfile -t streams < <(curl -fsS "$base/api/v1/openapi.json" | json '[
+mapfile -t streams < <(json '[
   m.upper() + " " + p for p, ops in v["paths"].items() for m, o in ops.items()
   if isinstance(o, dict) and any("101" == s or "text/event-stream" in (r.get("content") or {})
-                                 for s, r in o.get("responses", {}).items())]')
+                                 for s, r in o.get("responses", {}).items())]' <<<"$doc")
 exclude=()
 for op in "${streams[@]}"; do
   [ -n "$op" ] || continue

@@ -93,6 +93,7 @@ pub(crate) struct AgentList {
 /// `?label=&name=&state=&cursor=&limit=`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct AgentQuery {
     /// Comma-separated `key=value` pairs; an agent must carry all of them.
     label: Option<String>,

@@ -110,3 +110,58 @@ fn complete(op: &mut Operation, mutating: bool) {
             .or_insert(RefOr::T(response));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The document's shape the role-matrix test and the fuzzer rely on, checked without a server: every
+    /// operation has its role; path parameters are exactly the template's `{names}` (a query struct
+    /// without `#[into_params(parameter_in = Query)]` is documented as a path parameter); error answers
+    /// are problem+json; every answer has a description.
+    #[test]
+    fn every_operation_is_documented_the_way_the_checks_read_it() {
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
+        let mut problems = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            let names: Vec<&str> = path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                .collect();
+            for (method, op) in item.as_object().unwrap() {
+                let name = format!("{} {path}", method.to_uppercase());
+                if !op["x-agenthold-role"].is_string() {
+                    problems.push(format!("{name}: no x-agenthold-role"));
+                }
+                let params = op["parameters"].as_array().cloned().unwrap_or_default();
+                let in_path: Vec<&str> = params
+                    .iter()
+                    .filter(|p| p["in"] == "path")
+                    .filter_map(|p| p["name"].as_str())
+                    .collect();
+                for p in &in_path {
+                    if !names.contains(p) {
+                        problems.push(format!("{name}: {p} is documented in the path but is not in it"));
+                    }
+                }
+                for n in &names {
+                    if !in_path.contains(n) {
+                        problems.push(format!("{name}: {{{n}}} is not documented"));
+                    }
+                }
+                for (status, response) in op["responses"].as_object().unwrap() {
+                    if response["description"].as_str().is_none_or(str::is_empty) {
+                        problems.push(format!("{name}: {status} has no description"));
+                    }
+                    let error = status.parse::<u16>().is_ok_and(|s| s >= 400);
+                    let types: Vec<&String> = response["content"]
+                        .as_object()
+                        .map(|c| c.keys().collect())
+                        .unwrap_or_default();
+                    if error && types.iter().any(|t| *t != super::PROBLEM_JSON) {
+                        problems.push(format!("{name}: {status} is not problem+json: {types:?}"));
+                    }
+                }
+            }
+        }
+        assert!(problems.is_empty(), "{problems:#?}");
+    }
+}

@@ -68,6 +68,7 @@ pub(crate) struct StartExec {
 /// `?detach=`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct StartQuery {
     /// Answer 202 at once with the running exec instead of waiting or streaming.
     detach: Option<bool>,
@@ -76,6 +77,7 @@ pub(crate) struct StartQuery {
 /// `?cursor=&limit=`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct ListQuery {
     /// From a previous page's `next_cursor`.
     cursor: Option<String>,
@@ -86,6 +88,7 @@ pub(crate) struct ListQuery {
 /// `?after=` (instead of `Last-Event-ID`).
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct EventsQuery {
     /// Resume after this event id (`<exec>.<n>`).
     after: Option<String>,

@@ -45,6 +45,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 /// `?path=`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct PathQuery {
     /// An absolute path in the sandbox, without `..` components.
     path: String,
@@ -178,7 +179,8 @@ async fn is_operator(
 #[utoipa::path(get, path = "/api/v1/workspaces/{ws}/agents/{agent}/files", tag = "files",
     description = "List a directory of the running sandbox (a symlink to a directory lists the directory).",
     params(("ws" = String, Path), ("agent" = String, Path), PathQuery),
-    responses((status = 200, body = FileList), (status = 400, body = Problem), (status = 404, body = Problem)),
+    responses((status = 200, body = FileList), (status = 400, body = Problem), (status = 404, body = Problem),
+        (status = 409, body = Problem, description = "the agent does not run")),
     extensions(("x-agenthold-role" = json!("viewer"))))]
 async fn list_files(
     State(state): State<AppState>,
@@ -203,7 +205,8 @@ async fn list_files(
                    sandboxd's files, also through symlinks: the check resolves the path inside the sandbox.",
     params(("ws" = String, Path), ("agent" = String, Path), PathQuery),
     responses((status = 200, content_type = "application/octet-stream", description = "the file's bytes"),
-        (status = 400, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)),
+        (status = 400, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem),
+        (status = 409, body = Problem, description = "the agent does not run")),
     extensions(("x-agenthold-role" = json!("viewer"))))]
 async fn read_file(
     State(state): State<AppState>,
@@ -240,7 +243,8 @@ async fn read_file(
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     params(("ws" = String, Path), ("agent" = String, Path), PathQuery),
     responses((status = 200, body = Written), (status = 400, body = Problem), (status = 403, body = Problem),
-        (status = 404, body = Problem), (status = 413, body = Problem)),
+        (status = 404, body = Problem), (status = 409, body = Problem, description = "the agent does not run"),
+        (status = 413, body = Problem)),
     extensions(("x-agenthold-role" = json!("operator"))))]
 async fn write_file(
     State(state): State<AppState>,
@@ -268,7 +272,8 @@ async fn write_file(
 #[utoipa::path(delete, path = "/api/v1/workspaces/{ws}/agents/{agent}/files", tag = "files",
     description = "Delete a file, a symlink (not its target) or a directory with everything in it.",
     params(("ws" = String, Path), ("agent" = String, Path), PathQuery),
-    responses((status = 204), (status = 400, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)),
+    responses((status = 204), (status = 400, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem),
+        (status = 409, body = Problem, description = "the agent does not run")),
     extensions(("x-agenthold-role" = json!("operator"))))]
 async fn delete_path(
     State(state): State<AppState>,

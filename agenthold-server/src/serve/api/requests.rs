@@ -44,6 +44,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 /// `?cursor=&limit=&verdict=&host=&kind=`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct RequestQuery {
     /// A previous page's `next_cursor` (a `seq`): entries older than it.
     cursor: Option<String>,
@@ -60,6 +61,7 @@ pub(crate) struct RequestQuery {
 /// `?after=&verdict=&host=&kind=` of the stream.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct StreamQuery {
     /// Resume after this event id (as `Last-Event-ID`, which wins when both are given).
     after: Option<String>,

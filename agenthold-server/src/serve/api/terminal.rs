@@ -36,6 +36,7 @@ const MAX_SIZE: u16 = 1000;
 /// `?cols=&rows=`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct TerminalQuery {
     /// Initial width in columns, 1 to 1000 (default 80).
     cols: Option<u16>,

@@ -158,6 +158,7 @@ pub(crate) struct AuditPage {
 /// `?cursor=&limit=`.
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(crate) struct PageQuery {
     /// From a previous page's `next_cursor`.
     cursor: Option<String>,

@@ -16,6 +16,7 @@
 //! session after logout is refused, another user's token cannot revoke mine.
 
 mod doc;
+mod people;
 mod world;
 
 use std::collections::HashMap;
@@ -23,7 +24,8 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use self::doc::Operation;
-use self::world::{Cred, NO_AGENT, NO_WS, Principal, Who, World};
+use self::people::{Cred, Principal, Who};
+use self::world::{NO_AGENT, NO_WS, World};
 use super::client::{self, Answer};
 use super::support::{Auth, TestServer};
 
@@ -45,7 +47,7 @@ enum Expect {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Destroys {
     Nothing,
-    /// The object named by this path parameter: fresh for each allowed call.
+    /// The object named by this path (or query) parameter: fresh for each allowed call.
     Object(String),
     /// Stop or restart: the fixture agent, started again after each allowed call.
     Reversible,
@@ -56,6 +58,11 @@ fn destroys(op: &Operation) -> Destroys {
     let last_param = op.params.last().cloned();
     match (op.method.as_str(), last) {
         ("DELETE", l) if l.starts_with('{') => last_param.map_or(Destroys::Nothing, Destroys::Object),
+        // A thing named by the query (`DELETE …/files?path=`).
+        ("DELETE", _) => op
+            .query
+            .first()
+            .map_or(Destroys::Nothing, |(q, _)| Destroys::Object(q.clone())),
         ("POST", "stop" | "restart") => Destroys::Reversible,
         ("POST", "cancel") => last_param.map_or(Destroys::Nothing, Destroys::Object),
         _ => Destroys::Nothing,
@@ -134,15 +141,8 @@ fn reference(
     }
     let owner = world.owner().clone();
     let scope = if op.has("agent") { "agent" } else { "ws" };
-    let mut values = HashMap::new();
-    for name in &op.params {
-        let value = match (name.as_str(), scope) {
-            ("agent", "agent") => NO_AGENT.to_owned(),
-            ("ws", "ws") => NO_WS.to_owned(),
-            _ => world.fixture(op, name, &owner).unwrap_or_default(),
-        };
-        values.insert(name.clone(), value);
-    }
+    let missing = if scope == "agent" { NO_AGENT } else { NO_WS };
+    let values = world.values(op, &owner, None, Some((scope, missing)))?;
     let url = op.url(|n| values[n].clone());
     let answer = world.send(op, &url, &owner.auth(cred));
     if answer.status != 404 {
@@ -166,19 +166,14 @@ fn check(world: &mut World<'_>, refs: &mut HashMap<String, Answer>, op: &Operati
                 Ok(e) => e,
                 Err(problem) => return report.fail(problem),
             };
-            let mut values = HashMap::new();
-            for name in &op.params {
-                let fresh = expected == Expect::Allowed && destroys == Destroys::Object(name.clone());
-                let value = if fresh {
-                    world.fresh(op, name, &p)
-                } else {
-                    world.fixture(op, name, &p)
-                };
-                match value {
-                    Ok(v) => values.insert(name.clone(), v),
-                    Err(problem) => return report.fail(problem),
-                };
-            }
+            let fresh = match (&destroys, expected) {
+                (Destroys::Object(name), Expect::Allowed) => Some(name.as_str()),
+                _ => None,
+            };
+            let values = match world.values(op, &p, fresh, None) {
+                Ok(v) => v,
+                Err(problem) => return report.fail(problem),
+            };
             let url = op.url(|n| values[n].clone());
             let answer = world.send(op, &url, &p.auth(cred));
             let who = format!("{} as {:?} ({cred:?}) on {url}", op.name(), p.who);
@@ -221,7 +216,11 @@ fn check(world: &mut World<'_>, refs: &mut HashMap<String, Answer>, op: &Operati
     }
     if op.role.as_deref() != Some("public") {
         let owner = world.owner().clone();
-        let url = op.url(|n| world.fixture(op, n, &owner).unwrap_or_default());
+        let values = match world.values(op, &owner, None, None) {
+            Ok(v) => v,
+            Err(problem) => return report.fail(problem),
+        };
+        let url = op.url(|n| values[n].clone());
         let answer = world.send(op, &url, &Auth::None);
         report.anonymous += 1;
         if answer.status != 401 || !answer.is_problem() {

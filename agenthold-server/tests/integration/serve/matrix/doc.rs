@@ -16,7 +16,7 @@ pub(crate) struct Operation {
     pub(crate) role: Option<String>,
     /// Path parameter names, in order.
     pub(crate) params: Vec<String>,
-    /// Required query parameters with a value for each.
+    /// Required query parameters with the document's example (or a placeholder) for each.
     pub(crate) query: Vec<(String, String)>,
     /// A request body, if the operation takes one.
     pub(crate) body: Option<Value>,
@@ -42,7 +42,12 @@ impl Operation {
         self.path.rsplit('/').next().unwrap_or("")
     }
 
-    /// The path with parameters filled in by `value` and the required query appended.
+    /// The documented example (or placeholder) of a required query parameter.
+    pub(crate) fn query_default(&self, name: &str) -> Option<String> {
+        self.query.iter().find(|(q, _)| q == name).map(|(_, v)| v.clone())
+    }
+
+    /// The path with its parameters and the required query filled in by `value` (by name).
     pub(crate) fn url(&self, mut value: impl FnMut(&str) -> String) -> String {
         let mut url = String::new();
         for (i, segment) in self.path.split('/').enumerate() {
@@ -54,9 +59,9 @@ impl Operation {
                 None => url.push_str(segment),
             }
         }
-        for (i, (k, v)) in self.query.iter().enumerate() {
+        for (i, (k, _)) in self.query.iter().enumerate() {
             url.push(if i == 0 { '?' } else { '&' });
-            url.push_str(&format!("{k}={v}"));
+            url.push_str(&format!("{k}={}", value(k)));
         }
         url
     }

@@ -10,102 +10,15 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use super::doc::Operation;
+use super::people::{Principal, Who, token_id};
 use crate::serve::client::{self, Answer};
 use crate::serve::support::{Auth, TestServer};
 
 /// A workspace id and an agent id that exist nowhere (valid in form).
 pub(crate) const NO_WS: &str = "nosuchworkspace0";
 pub(crate) const NO_AGENT: &str = "nosuchagent00000";
-
-/// Who is calling.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Who {
-    NonMember,
-    Member,
-    Viewer,
-    Operator,
-    AgentAdmin,
-    WsAdmin,
-    Owner,
-}
-
-impl Who {
-    pub(crate) const ALL: [Self; 7] = [
-        Self::NonMember,
-        Self::Member,
-        Self::Viewer,
-        Self::Operator,
-        Self::AgentAdmin,
-        Self::WsAdmin,
-        Self::Owner,
-    ];
-
-    /// Workspace role: 1 member, 2 admin, 3 owner.
-    pub(crate) fn ws_rank(self) -> Option<u8> {
-        match self {
-            Self::NonMember => None,
-            Self::Member | Self::Viewer | Self::Operator | Self::AgentAdmin => Some(1),
-            Self::WsAdmin => Some(2),
-            Self::Owner => Some(3),
-        }
-    }
-
-    /// Role on the fixture agent: 1 viewer, 2 operator, 3 admin (workspace admins and owners are admins).
-    pub(crate) fn agent_rank(self) -> Option<u8> {
-        match self {
-            Self::NonMember | Self::Member => None,
-            Self::Viewer => Some(1),
-            Self::Operator => Some(2),
-            Self::AgentAdmin | Self::WsAdmin | Self::Owner => Some(3),
-        }
-    }
-
-    /// The grant that makes a member this principal on an agent.
-    fn grant(self) -> Option<&'static str> {
-        match self {
-            Self::Viewer => Some("viewer"),
-            Self::Operator => Some("operator"),
-            Self::AgentAdmin => Some("admin"),
-            _ => None,
-        }
-    }
-
-    /// The member role that makes a user this principal in a workspace.
-    fn membership(self) -> Option<&'static str> {
-        match self.ws_rank() {
-            Some(1) => Some("member"),
-            Some(2) => Some("admin"),
-            _ => None,
-        }
-    }
-}
-
-/// How a principal authenticates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cred {
-    Session,
-    Token,
-}
-
-/// A user in one of the roles, with both credentials and a spare token (for `{id}`).
-#[derive(Debug, Clone)]
-pub(crate) struct Principal {
-    pub(crate) who: Who,
-    pub(crate) user: String,
-    pub(crate) token: String,
-    pub(crate) session: String,
-    pub(crate) spare_token: String,
-    pub(crate) spare_id: String,
-}
-
-impl Principal {
-    pub(crate) fn auth(&self, cred: Cred) -> Auth {
-        match cred {
-            Cred::Session => Auth::Session(self.session.clone()),
-            Cred::Token => Auth::Token(self.token.clone()),
-        }
-    }
-}
+/// Where the file fixtures live inside the agent's sandbox.
+const FILES: &str = "/tmp/agenthold-matrix";
 
 /// The fixture.
 pub(crate) struct World<'a> {
@@ -282,6 +195,103 @@ impl<'a> World<'a> {
         }
     }
 
+    /// The value of every path and required query parameter of `op` for `caller`: fresh for `fresh` (the
+    /// object a destructive call destroys), `replace` = (name, value) overriding one.
+    pub(crate) fn values(
+        &mut self,
+        op: &Operation,
+        caller: &Principal,
+        fresh: Option<&str>,
+        replace: Option<(&str, &str)>,
+    ) -> Result<HashMap<String, String>, String> {
+        let mut values = HashMap::new();
+        for name in &op.params {
+            let value = match replace {
+                Some((n, v)) if n == name => v.to_owned(),
+                _ if fresh == Some(name.as_str()) => self.fresh(op, name, caller)?,
+                _ => self.fixture(op, name, caller)?,
+            };
+            values.insert(name.clone(), value);
+        }
+        for (name, default) in &op.query {
+            let value = if fresh == Some(name.as_str()) {
+                self.fresh_query(op, name)?
+            } else {
+                self.query_fixture(op, name, default)?
+            };
+            values.insert(name.clone(), value);
+        }
+        Ok(values)
+    }
+
+    /// A required query parameter: `path` (the file API) names a file the owner wrote for `…/content`
+    /// operations and its directory for the others; anything else takes the document's example.
+    fn query_fixture(&mut self, op: &Operation, name: &str, default: &str) -> Result<String, String> {
+        if name != "path" {
+            return Ok(default.to_owned());
+        }
+        if !self.made.contains_key("?path") {
+            let file = format!("{FILES}/fixture.txt");
+            self.write_file(op, &file)?;
+            self.made.insert("?path".to_owned(), file);
+        }
+        if op.path.ends_with("/content") {
+            Ok(self.made["?path"].clone())
+        } else {
+            Ok(FILES.to_owned())
+        }
+    }
+
+    /// A fresh object named by a query parameter: a new file for `path`.
+    fn fresh_query(&mut self, op: &Operation, name: &str) -> Result<String, String> {
+        if name != "path" {
+            return Err(format!(
+                "{}: query parameter {name} names what it destroys, and has no fixture: add one to \
+                 World::fresh_query in agenthold-server/tests/integration/serve/matrix/world.rs",
+                op.name()
+            ));
+        }
+        let file = format!("{FILES}/{}", self.unique("fresh"));
+        self.write_file(op, &file)?;
+        Ok(file)
+    }
+
+    /// Write a small file into the fixture agent through the operation that writes files (a `PUT` with a
+    /// `path` query).
+    fn write_file(&self, op: &Operation, file: &str) -> Result<(), String> {
+        let Some(writer) = self
+            .ops
+            .iter()
+            .find(|o| o.method == "PUT" && o.query.iter().any(|(q, _)| q == "path"))
+        else {
+            return Err(format!(
+                "{}: no PUT …?path= in the document to make a file with",
+                op.name()
+            ));
+        };
+        let url = writer.url(|p| match p {
+            "ws" => self.ws.clone(),
+            "agent" => self.agent.clone(),
+            _ => file.to_owned(),
+        });
+        let answer = client::call(
+            &self.server.base,
+            "PUT",
+            &url,
+            &self.owner_auth(),
+            Some(&json!("matrix")),
+            &[],
+        );
+        if (200..300).contains(&answer.status) {
+            Ok(())
+        } else {
+            Err(format!(
+                "fixture file: PUT {url}: {} {:?}",
+                answer.status, answer.body
+            ))
+        }
+    }
+
     /// The path-parameter names this fixture cannot fill, with the operations that use them.
     pub(crate) fn unknown_params(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -360,7 +370,12 @@ impl<'a> World<'a> {
                 "ws" => self.ws.clone(),
                 "agent" => self.agent.clone(),
                 p if p == name => id.clone(),
-                _ => self.made.get(p).cloned().unwrap_or_default(),
+                _ => self
+                    .made
+                    .get(p)
+                    .cloned()
+                    .or_else(|| attach.query_default(p))
+                    .unwrap_or_default(),
             });
             let body = attach.body.as_ref().map(|b| usable(b, None));
             let answer = client::call(
@@ -420,25 +435,4 @@ impl<'a> World<'a> {
             ))
         }
     }
-}
-
-/// The id of a personal token, found by its prefix in the owner's own list.
-pub(crate) fn token_id(server: &TestServer, token: &str) -> String {
-    let list = client::call(
-        &server.base,
-        "GET",
-        "/api/v1/me/tokens",
-        &Auth::Token(token.to_owned()),
-        None,
-        &[],
-    );
-    let prefix = token.strip_prefix("ahp_").unwrap_or(token);
-    list.body["items"]
-        .as_array()
-        .unwrap_or_else(|| panic!("GET /api/v1/me/tokens: {:?}", list.body))
-        .iter()
-        .find(|t| t["prefix"].as_str().is_some_and(|p| prefix.starts_with(p)))
-        .and_then(|t| t["id"].as_str())
-        .unwrap_or_else(|| panic!("no token with the prefix of {prefix:.8} in {:?}", list.body))
-        .to_owned()
 }
