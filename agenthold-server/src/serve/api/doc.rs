@@ -1,8 +1,9 @@
 //! The answers every operation can give whatever its handler says, added to the OpenAPI document once for
 //! all routes (so a new route is described right without repeating them): error bodies are
 //! `application/problem+json`; 401 and 429 for credentials and rate limits (S7, S13); 403 for a
-//! state-changing call refused as cross-origin (S6); 404 for ids in the path; 400, 413, 415 and 422 for
-//! request bodies and query strings (the rejections of [`Body`](super::Body) and [`Params`](super::Params)).
+//! state-changing call refused as cross-origin (S6); 404 for ids in the path; 400 and 413 for request
+//! bodies and query strings, 415 and 422 for JSON bodies (the rejections of [`Body`](super::Body) and
+//! [`Params`](super::Params)).
 //! API fuzzing (`make api-fuzz`) checks the server against the document, these included.
 
 use utoipa::openapi::path::{Operation, ParameterIn};
@@ -76,6 +77,9 @@ fn complete(op: &mut Operation, mutating: bool) {
     };
     let (path_ids, query) = (has(ParameterIn::Path), has(ParameterIn::Query));
     let body = op.request_body.is_some();
+    // Only JSON bodies go through `Body` (415 for another media type, 422 for another shape).
+    let json_body =
+        matches!(&op.request_body, Some(RefOr::T(b)) if b.content.contains_key("application/json"));
     let mut shared: Vec<(&str, Response)> = Vec::new();
     if !public {
         shared.push(("401", problem("no valid personal token or session cookie")));
@@ -100,6 +104,8 @@ fn complete(op: &mut Operation, mutating: bool) {
     }
     if body {
         shared.push(("413", problem("the body is over its size cap")));
+    }
+    if json_body {
         shared.push(("415", problem("the body is not sent as application/json")));
         shared.push(("422", problem("the body does not match the schema")));
     }
