@@ -227,15 +227,20 @@ impl Runtime {
     /// # Errors
     /// When the agent does not exist or the store fails.
     pub async fn spec(&self, agent: &AgentId) -> Result<SandboxSpec> {
-        let record = records::RECORDS
-            .load(self.store.as_ref(), agent)
-            .await?
-            .ok_or_else(|| Error::NotFound {
-                agent: agent.to_string(),
-            })?;
-        let mut spec = record.spec;
+        let mut spec = self.record(agent).await?.spec;
         spec.secrets.clear();
         Ok(spec)
+    }
+
+    /// The stored record of a handed-out agent (a warm-pool sandbox nobody took is not one).
+    async fn record(&self, agent: &AgentId) -> Result<records::AgentRecord> {
+        records::RECORDS
+            .load(self.store.as_ref(), agent)
+            .await?
+            .filter(|r| !r.pooled)
+            .ok_or_else(|| Error::NotFound {
+                agent: agent.to_string(),
+            })
     }
 
     /// The agent's request log, oldest first (E16).

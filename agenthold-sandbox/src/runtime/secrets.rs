@@ -37,13 +37,7 @@ impl Runtime {
             problem: "secrets are managed by the custom SecretInjector this runtime was built with".into(),
         })?;
         let _records = self.record_lock.lock().await;
-        let mut record = records::RECORDS
-            .load(self.store.as_ref(), agent)
-            .await?
-            .filter(|r| !r.pooled)
-            .ok_or_else(|| Error::NotFound {
-                agent: agent.to_string(),
-            })?;
+        let mut record = self.record(agent).await?;
         check(&record.spec, &secrets)?;
         let with: Vec<(SecretSpec, String)> = secrets
             .into_iter()
@@ -66,13 +60,7 @@ impl Runtime {
     /// # Errors
     /// [`Error::NotFound`] for an unknown agent; the store's error.
     pub async fn agent_secrets(&self, agent: &AgentId) -> Result<Vec<Placeholder>> {
-        let record = records::RECORDS
-            .load(self.store.as_ref(), agent)
-            .await?
-            .filter(|r| !r.pooled)
-            .ok_or_else(|| Error::NotFound {
-                agent: agent.to_string(),
-            })?;
+        let record = self.record(agent).await?;
         Ok(record
             .secrets
             .into_iter()

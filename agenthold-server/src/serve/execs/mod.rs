@@ -243,9 +243,13 @@ impl Execs {
         let entry = Arc::new(ExecEntry::new(record, Output::new(MAX_RETAINED)));
         lock(&self.live).insert(id, Arc::clone(&entry));
         tokio::spawn(Arc::clone(self).drive(Arc::clone(&entry), stream, timeout));
-        if let Err(e) = self.prune(agent).await {
-            tracing::warn!(agent = %agent, error = %e, "could not delete old execs");
-        }
+        // Housekeeping off the caller's path: the answer does not wait for old records to go.
+        let (this, agent) = (Arc::clone(self), agent.clone());
+        tokio::spawn(async move {
+            if let Err(e) = this.prune(&agent).await {
+                tracing::warn!(agent = %agent, error = %e, "could not delete old execs");
+            }
+        });
         Ok(entry)
     }
 
