@@ -132,6 +132,17 @@ impl Running {
         Ok((id, token))
     }
 
+    /// A workspace of the token's user with one agent: the agents path and the agent's id.
+    async fn workspace_with_agent(&self, token: &str) -> Result<(String, String)> {
+        let name = json!({"name": "bench"});
+        let ws = expect(self.base, "POST", "/api/v1/workspaces", token, Some(&name), 201).await?;
+        let ws = ws["id"].as_str().context("workspace id")?;
+        let agents = format!("/api/v1/workspaces/{ws}/agents");
+        let agent = expect(self.base, "POST", &agents, token, Some(&name), 201).await?;
+        let agent_id = agent["id"].as_str().context("agent id")?.to_owned();
+        Ok((agents, agent_id))
+    }
+
     async fn stop(mut self) -> Result<()> {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
@@ -243,27 +254,7 @@ fn ms(d: f64) -> String {
 async fn exec_latency() -> Result<Vec<Vec<String>>> {
     let server = Running::start(false).await?;
     let (_, token) = server.user("bench").await?;
-    let ws = expect(
-        server.base,
-        "POST",
-        "/api/v1/workspaces",
-        &token,
-        Some(&json!({"name": "bench"})),
-        201,
-    )
-    .await?;
-    let ws = ws["id"].as_str().context("workspace id")?.to_owned();
-    let agents = format!("/api/v1/workspaces/{ws}/agents");
-    let agent = expect(
-        server.base,
-        "POST",
-        &agents,
-        &token,
-        Some(&json!({"name": "bench"})),
-        201,
-    )
-    .await?;
-    let agent_id = agent["id"].as_str().context("agent id")?.to_owned();
+    let (agents, agent_id) = server.workspace_with_agent(&token).await?;
     let execs = format!("{agents}/{agent_id}/execs");
     let body = json!({"argv": ["true"]});
     let id = AgentId::new(agent_id.clone())?;
@@ -395,27 +386,7 @@ async fn sse_subscribers() -> Result<Vec<Vec<String>>> {
     const ENTRIES: usize = 200;
     let server = Running::start(true).await?;
     let (_, token) = server.user("bench").await?;
-    let ws = expect(
-        server.base,
-        "POST",
-        "/api/v1/workspaces",
-        &token,
-        Some(&json!({"name": "bench"})),
-        201,
-    )
-    .await?;
-    let ws = ws["id"].as_str().context("workspace id")?.to_owned();
-    let agents = format!("/api/v1/workspaces/{ws}/agents");
-    let agent = expect(
-        server.base,
-        "POST",
-        &agents,
-        &token,
-        Some(&json!({"name": "bench"})),
-        201,
-    )
-    .await?;
-    let agent_id = agent["id"].as_str().context("agent id")?.to_owned();
+    let (agents, agent_id) = server.workspace_with_agent(&token).await?;
     let id = AgentId::new(agent_id.clone())?;
     let rss_before = rss_kib();
     let connected = Arc::new(AtomicUsize::new(0));

@@ -316,7 +316,11 @@ const CONTRACT_TYPES: [(&str, Type); 13] = [
 
 /// Fields beyond the contract, each documented: `secret` is the name of the injected secret, never its
 /// value (docs/secrets.md, issue 4 item 6c).
-const DOCUMENTED_EXTRAS: [(&str, Type); 2] = [("secret", Type::OptText), ("phase", Type::OptText)];
+const DOCUMENTED_EXTRAS: [(&str, Type); 3] = [
+    ("secret", Type::OptText),
+    ("phase", Type::OptText),
+    ("seq", Type::Count),
+];
 
 /// Panics unless `entry` has every contract field with its type and nothing undocumented beyond them.
 #[track_caller]
