@@ -67,7 +67,7 @@ fn complete(op: &mut Operation, mutating: bool) {
     let public = op
         .extensions
         .as_ref()
-        .and_then(|e| e.get("x-agenthold-role"))
+        .and_then(|e| e.get(super::roles::ROLE_EXTENSION))
         .is_some_and(|role| role == "public");
     let params = op.parameters.as_deref().unwrap_or_default();
     let has = |place: ParameterIn| {
@@ -134,7 +134,7 @@ mod tests {
                 .collect();
             for (method, op) in item.as_object().unwrap() {
                 let name = format!("{} {path}", method.to_uppercase());
-                if !op["x-agenthold-role"].is_string() {
+                if !op[crate::serve::api::roles::ROLE_EXTENSION].is_string() {
                     problems.push(format!("{name}: no x-agenthold-role"));
                 }
                 let params = op["parameters"].as_array().cloned().unwrap_or_default();

@@ -9,9 +9,6 @@
 //! into memory up to their own cap of 64 MiB (the runtime writes whole files), not the 8 MiB JSON cap.
 // enforces: P1, S9, S10
 
-#[allow(unused_imports)]
-use std::collections::BTreeMap;
-
 use agenthold_core::sandbox::{DirEntry, EntryKind, sandbox_path};
 use agenthold_core::{Action, AgentId, AuthzDecision, Resource, WorkspaceId};
 use agenthold_sandbox::Runtime;

@@ -4,8 +4,4 @@
 //! `agent_admin` (agent grants; workspace admins and owners count as agent admins).
 
 /// The extension's name.
-#[allow(
-    dead_code,
-    reason = "named here for readers; the tests read it from the document"
-)]
 pub(crate) const ROLE_EXTENSION: &str = "x-agenthold-role";

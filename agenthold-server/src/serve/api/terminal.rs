@@ -8,7 +8,6 @@
 //! origin than the configured public URL's; a request without `Origin` (not a browser) is let through.
 // enforces: P1, S6
 
-#[allow(unused_imports)]
 use agenthold_core::Action;
 use agenthold_core::sandbox::{Terminal, TerminalEvent, TerminalRequest};
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;

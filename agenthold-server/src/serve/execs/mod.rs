@@ -12,7 +12,6 @@
 pub(crate) mod output;
 pub(crate) mod record;
 
-#[allow(unused_imports)]
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
