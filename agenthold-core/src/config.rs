@@ -271,6 +271,126 @@ pub struct AuthConfig {
     /// Unauthenticated or failed requests per second from one client address, an IPv6 client counted by
     /// its /64 (bursts of 4× pass); `0` turns the limit off. Default: `5`.
     pub rate_unauthenticated: u32,
+    /// `auth.oidc`: log in with an OpenID Connect provider. Default: absent (off); the provider is on when
+    /// the section is present.
+    pub oidc: Option<OidcConfig>,
+    /// `auth.github`: log in with GitHub (OAuth app). Default: absent (off); the provider is on when the
+    /// section is present.
+    pub github: Option<GithubConfig>,
+}
+
+/// `auth.oidc.*`: an OpenID Connect provider (Keycloak, Google, Entra ID, Dex, …). The redirect URI to
+/// register with it is `server.public_url` + `/auth/oidc/callback`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OidcConfig {
+    /// The issuer URL (`https://accounts.google.com`); discovery is read from
+    /// `{issuer}/.well-known/openid-configuration` and its `issuer` must equal this. HTTPS unless the host
+    /// is loopback. Required.
+    pub issuer: String,
+    /// The client id registered with the provider. Required.
+    pub client_id: String,
+    /// A file holding the client secret (read once at start; surrounding whitespace is ignored); an absolute
+    /// path. Required.
+    pub client_secret_file: PathBuf,
+    /// The name on the sign-in button ("Sign in with NAME"). Default: `OIDC`.
+    pub name: String,
+    /// The scopes asked for; must include `openid`. Default: `[openid, email, profile]`.
+    pub scopes: Vec<String>,
+}
+
+impl Default for OidcConfig {
+    fn default() -> Self {
+        Self {
+            issuer: String::new(),
+            client_id: String::new(),
+            client_secret_file: PathBuf::new(),
+            name: "OIDC".into(),
+            scopes: vec!["openid".into(), "email".into(), "profile".into()],
+        }
+    }
+}
+
+/// `auth.github.*`: a GitHub OAuth app. The callback URL to register is `server.public_url` +
+/// `/auth/github/callback`. The endpoints can be changed for GitHub Enterprise Server (or a test stand-in).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GithubConfig {
+    /// The OAuth app's client id. Required.
+    pub client_id: String,
+    /// A file holding the OAuth app's client secret (read once at start; surrounding whitespace is
+    /// ignored); an absolute path. Required.
+    pub client_secret_file: PathBuf,
+    /// The authorization endpoint. Default: `https://github.com/login/oauth/authorize`.
+    pub authorize_url: String,
+    /// The token endpoint. Default: `https://github.com/login/oauth/access_token`.
+    pub token_url: String,
+    /// The REST API root (`/user`, `/user/emails` are read from it). Default: `https://api.github.com`.
+    pub api_url: String,
+}
+
+impl Default for GithubConfig {
+    fn default() -> Self {
+        Self {
+            client_id: String::new(),
+            client_secret_file: PathBuf::new(),
+            authorize_url: "https://github.com/login/oauth/authorize".into(),
+            token_url: "https://github.com/login/oauth/access_token".into(),
+            api_url: "https://api.github.com".into(),
+        }
+    }
+}
+
+/// Read a client secret file: its content without surrounding whitespace. `key` names the setting in
+/// errors (`auth.github.client_secret_file`). The secret itself never appears in an error or a log.
+///
+/// # Errors
+/// [`Error::Config`] naming `key` when the file cannot be read, is not UTF-8 or is empty.
+pub fn read_client_secret(key: &str, path: &Path) -> Result<String> {
+    let fail = |problem: String| Error::Config {
+        key: key.to_owned(),
+        problem,
+    };
+    let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read {}: {e}", path.display())))?;
+    let text = String::from_utf8(bytes).map_err(|_| fail(format!("{} is not UTF-8 text", path.display())))?;
+    let secret = text.trim();
+    if secret.is_empty() {
+        return Err(fail(format!("{} is empty", path.display())));
+    }
+    Ok(secret.to_owned())
+}
+
+/// Whether `url` is `https://HOST…`, or `http://` with a loopback host (`127.0.0.0/8`, `[::1]`,
+/// `localhost`): the rule for every URL of a login provider.
+#[must_use]
+pub fn is_https_or_loopback(url: &str) -> bool {
+    if let Some(rest) = url.strip_prefix("https://") {
+        return !host_of(rest).is_empty();
+    }
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let host = host_of(rest);
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The host of the part of a URL after `scheme://`: up to the first `/`, `?` or `#`, without a port.
+fn host_of(rest: &str) -> &str {
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return "";
+    }
+    if authority.starts_with('[') {
+        return authority.split_inclusive(']').next().unwrap_or_default();
+    }
+    authority.split(':').next().unwrap_or_default()
 }
 
 impl Default for AuthConfig {
@@ -282,6 +402,8 @@ impl Default for AuthConfig {
             rate_per_user: 50,
             rate_per_token: 50,
             rate_unauthenticated: 5,
+            oidc: None,
+            github: None,
         }
     }
 }
@@ -497,6 +619,12 @@ impl Config {
             if value == 0 {
                 return fail(key, "must be at least 1, found 0".into());
             }
+        }
+        if let Some(o) = &a.oidc {
+            validate_oidc(o).map_err(|(key, problem)| (vec![key], problem))?;
+        }
+        if let Some(g) = &a.github {
+            validate_github(g).map_err(|(key, problem)| (vec![key], problem))?;
         }
         let url = &self.server.public_url;
         if !url.is_empty() {
@@ -728,6 +856,103 @@ fn parse_dns_upstream(text: &str) -> Option<SocketAddr> {
 
 const MIN_MEMORY_BYTES: u64 = 16 * 1024 * 1024;
 
+/// The rules of `auth.oidc`: (key, problem) of the first one broken.
+fn validate_oidc(o: &OidcConfig) -> std::result::Result<(), (String, String)> {
+    let fail = |key: &str, problem: String| Err((format!("auth.oidc.{key}"), problem));
+    if o.issuer.is_empty() {
+        return fail("issuer", "is required (the provider's issuer URL)".into());
+    }
+    if !is_https_or_loopback(&o.issuer) {
+        return fail("issuer", "must be https unless the host is loopback".into());
+    }
+    if o.issuer.contains(['?', '#']) {
+        return fail(
+            "issuer",
+            format!("{:?} must not have a query or fragment", o.issuer),
+        );
+    }
+    if o.client_id.is_empty() {
+        return fail("client_id", "is required".into());
+    }
+    if o.client_secret_file.as_os_str().is_empty() || !o.client_secret_file.is_absolute() {
+        return fail(
+            "client_secret_file",
+            "is required and must be an absolute path".into(),
+        );
+    }
+    if o.name.trim().is_empty() || o.name.chars().count() > 64 || o.name.chars().any(char::is_control) {
+        return fail(
+            "name",
+            "must be 1 to 64 characters without control characters".into(),
+        );
+    }
+    if !o.scopes.iter().any(|s| s == "openid") {
+        return fail("scopes", "must include openid".into());
+    }
+    if let Some(bad) = o
+        .scopes
+        .iter()
+        .find(|s| s.is_empty() || !s.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\'))
+    {
+        return fail("scopes", format!("{bad:?} is not a valid scope"));
+    }
+    Ok(())
+}
+
+/// The rules of `auth.github`: (key, problem) of the first one broken.
+fn validate_github(g: &GithubConfig) -> std::result::Result<(), (String, String)> {
+    let fail = |key: &str, problem: String| Err((format!("auth.github.{key}"), problem));
+    if g.client_id.is_empty() {
+        return fail("client_id", "is required".into());
+    }
+    if g.client_secret_file.as_os_str().is_empty() || !g.client_secret_file.is_absolute() {
+        return fail(
+            "client_secret_file",
+            "is required and must be an absolute path".into(),
+        );
+    }
+    for (key, url) in [
+        ("authorize_url", &g.authorize_url),
+        ("token_url", &g.token_url),
+        ("api_url", &g.api_url),
+    ] {
+        if !is_https_or_loopback(url) {
+            return fail(key, "must be https unless the host is loopback".into());
+        }
+        if url.contains('#') {
+            return fail(key, format!("{url:?} must not have a fragment"));
+        }
+    }
+    Ok(())
+}
+
+/// The optional sections (absent by default) with the defaults their keys get when the section is given:
+/// their keys are known (unknown ones are refused, environment variables exist) even though the default
+/// configuration has none.
+fn optional_sections() -> Result<Vec<(&'static str, Value)>> {
+    let value = |v: serde_json::Result<Value>| {
+        v.map_err(|e| Error::Config {
+            key: DOCUMENT.into(),
+            problem: format!("default configuration: {e}"),
+        })
+    };
+    Ok(vec![
+        ("auth.oidc", value(serde_json::to_value(OidcConfig::default()))?),
+        (
+            "auth.github",
+            value(serde_json::to_value(GithubConfig::default()))?,
+        ),
+    ])
+}
+
+/// The template of the optional section at `path`, if it is one.
+fn optional_section(path: &str) -> Option<Value> {
+    optional_sections()
+        .ok()?
+        .into_iter()
+        .find_map(|(p, v)| (p == path).then_some(v))
+}
+
 /// The `key` of errors about the document as a whole (bad YAML, not a mapping).
 const DOCUMENT: &str = "(document)";
 
@@ -767,8 +992,12 @@ fn leaf_keys() -> Result<BTreeMap<String, Leaf>> {
             );
         }
     }
+    let mut tree = defaults_tree()?;
+    for (path, template) in optional_sections()? {
+        set_path(&mut tree, path, template);
+    }
     let mut out = BTreeMap::new();
-    walk(&defaults_tree()?, "", &mut out);
+    walk(&tree, "", &mut out);
     Ok(out)
 }
 
@@ -795,8 +1024,16 @@ fn merge(tree: &mut Value, user: Map<String, Value>, path: &str) -> Result<()> {
                 problem: format!("unknown key; known keys {place}: {known}"),
             });
         };
+        if slot.is_null()
+            && value.is_object()
+            && let Some(template) = optional_section(&key_path)
+        {
+            *slot = template;
+        }
         match (slot.is_object(), value) {
             (true, Value::Null) => {}
+            // An optional section written as `null` (or without keys): it stays off.
+            (false, Value::Null) if slot.is_null() && optional_section(&key_path).is_some() => {}
             (true, Value::Object(inner)) => merge(slot, inner, &key_path)?,
             (true, other) => {
                 let keys = slot
@@ -833,11 +1070,23 @@ fn parse_scalar(raw: &str) -> Option<Value> {
     }
 }
 
+/// Set the key at dotted `path`; an absent optional section on the way is given its template first (an
+/// environment variable of one of its keys turns it on).
 fn set_path(tree: &mut Value, path: &str, value: Value) {
     let mut node = tree;
+    let mut walked = String::new();
     for part in path.split('.') {
+        if node.is_null()
+            && let Some(template) = optional_section(&walked)
+        {
+            *node = template;
+        }
         let Value::Object(map) = node else { return };
         node = map.entry(part.to_owned()).or_insert(Value::Null);
+        if !walked.is_empty() {
+            walked.push('.');
+        }
+        walked.push_str(part);
     }
     *node = value;
 }

@@ -23,7 +23,7 @@ fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 }
 
 /// The (key, problem) of a configuration error.
-fn config_error(result: agenthold_core::Result<Config>) -> (String, String) {
+fn config_error<T: std::fmt::Debug>(result: agenthold_core::Result<T>) -> (String, String) {
     match result {
         Err(Error::Config { key, problem }) => (key, problem),
         other => panic!("expected Error::Config, got {other:?}"),
@@ -465,7 +465,10 @@ fn every_key_has_a_variable() {
     ] {
         assert!(vars.contains(&(var.to_owned(), key.to_owned())), "{var}");
     }
-    assert_eq!(vars.len(), 1 + 21 + 1 + 7 + 2 + 6);
+    assert_eq!(vars.len(), 1 + 21 + 1 + 7 + 2 + 6 + 5 + 5);
+    for key in ["auth.oidc.issuer", "auth.oidc.scopes", "auth.github.token_url"] {
+        assert!(vars.iter().any(|(_, k)| k == key), "{key}");
+    }
     // The master key variable is not a configuration key, so it can never be mistaken for one.
     assert!(vars.iter().all(|(var, _)| var != "AGENTHOLD_MASTER_KEY"));
 }
@@ -646,4 +649,106 @@ fn deny_cidrs_and_dns_budgets_have_documented_defaults_and_are_checked() {
         env(&[("AGENTHOLD_EGRESS_DENY_CIDRS", "10.0.0.1/8")]),
     ));
     assert_eq!(key, "AGENTHOLD_EGRESS_DENY_CIDRS");
+}
+
+// covers: E17, S6
+#[test]
+fn login_providers_are_optional_sections_with_checked_keys() {
+    let c = Config::from_yaml("", no_env()).unwrap();
+    assert!(c.auth.oidc.is_none() && c.auth.github.is_none());
+    for off in ["auth:\n  oidc:\n", "auth:\n  oidc: null\n  github: ~\n"] {
+        let c = Config::from_yaml(off, no_env()).unwrap();
+        assert!(c.auth.oidc.is_none() && c.auth.github.is_none(), "{off}");
+    }
+    let yaml = "auth:\n  oidc:\n    issuer: https://id.example.com/realms/x\n    client_id: agenthold\n    client_secret_file: /run/s\n  github:\n    client_id: gh\n    client_secret_file: /run/g\n";
+    let c = Config::from_yaml(yaml, no_env()).unwrap();
+    let o = c.auth.oidc.clone().unwrap();
+    assert_eq!(o.name, "OIDC");
+    assert_eq!(o.scopes, ["openid", "email", "profile"]);
+    let g = c.auth.github.clone().unwrap();
+    assert_eq!(g.authorize_url, "https://github.com/login/oauth/authorize");
+    assert_eq!(g.token_url, "https://github.com/login/oauth/access_token");
+    assert_eq!(g.api_url, "https://api.github.com");
+    let round = serde_saphyr::to_string(&c).unwrap();
+    assert_eq!(Config::from_yaml(&round, no_env()).unwrap(), c, "{round}");
+
+    let problem = fails_on(
+        "auth:\n  oidc:\n    issuer: https://x\n    client_id: a\n    client_secret_file: /s\n    colour: red\n",
+        "auth.oidc.colour",
+    );
+    assert!(problem.contains("unknown key"), "{problem}");
+    let problem = fails_on(
+        "auth:\n  oidc:\n    issuer: http://id.example.com\n    client_id: a\n    client_secret_file: /s\n",
+        "auth.oidc.issuer",
+    );
+    assert_eq!(problem, "must be https unless the host is loopback");
+    for loopback in [
+        "http://127.0.0.1:5556/dex",
+        "http://localhost:8080",
+        "http://[::1]:9000",
+    ] {
+        let yaml =
+            format!("auth:\n  oidc:\n    issuer: {loopback}\n    client_id: a\n    client_secret_file: /s\n");
+        Config::from_yaml(&yaml, no_env()).unwrap();
+    }
+    fails_on(
+        "auth:\n  oidc:\n    client_id: a\n    client_secret_file: /s\n",
+        "auth.oidc.issuer",
+    );
+    fails_on(
+        "auth:\n  oidc:\n    issuer: https://x\n    client_secret_file: /s\n",
+        "auth.oidc.client_id",
+    );
+    fails_on(
+        "auth:\n  oidc:\n    issuer: https://x\n    client_id: a\n    client_secret_file: rel\n",
+        "auth.oidc.client_secret_file",
+    );
+    fails_on(
+        "auth:\n  oidc:\n    issuer: https://x\n    client_id: a\n    client_secret_file: /s\n    scopes: [email]\n",
+        "auth.oidc.scopes",
+    );
+    fails_on(
+        "auth:\n  github:\n    client_id: a\n    client_secret_file: /s\n    token_url: http://github.example.com/t\n",
+        "auth.github.token_url",
+    );
+    fails_on(
+        "auth:\n  github:\n    client_secret_file: /s\n",
+        "auth.github.client_id",
+    );
+
+    // Environment variables reach the keys of an absent section (and so turn it on).
+    let c = Config::from_yaml(
+        "",
+        env(&[
+            ("AGENTHOLD_AUTH_GITHUB_CLIENT_ID", "from-env"),
+            ("AGENTHOLD_AUTH_GITHUB_CLIENT_SECRET_FILE", "/run/gh"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.auth.github.unwrap().client_id, "from-env");
+    let (key, _) = config_error(Config::from_yaml(
+        "",
+        env(&[("AGENTHOLD_AUTH_OIDC_ISSUER", "ftp://x")]),
+    ));
+    assert_eq!(key, "AGENTHOLD_AUTH_OIDC_ISSUER");
+}
+
+// covers: S6
+#[test]
+fn client_secret_files_are_read_and_errors_name_the_key() {
+    use agenthold_core::config::read_client_secret;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("secret");
+    std::fs::write(&path, "s3cret\n").unwrap();
+    assert_eq!(
+        read_client_secret("auth.github.client_secret_file", &path).unwrap(),
+        "s3cret"
+    );
+    let missing = dir.path().join("missing");
+    let (key, problem) = config_error(read_client_secret("auth.github.client_secret_file", &missing));
+    assert_eq!(key, "auth.github.client_secret_file");
+    assert!(problem.starts_with("cannot read "), "{problem}");
+    std::fs::write(&path, " \n").unwrap();
+    let (_, problem) = config_error(read_client_secret("auth.oidc.client_secret_file", &path));
+    assert!(problem.ends_with("is empty"), "{problem}");
 }
