@@ -82,14 +82,18 @@ export async function startOidc({ redirectUri, accounts = {}, clientId = 'agenth
 }
 
 /**
- * Fill the devInteractions login form as `login` and consent (oidc-provider's dev pages). Bounded waits.
+ * Fill the devInteractions login form as `login` and consent (oidc-provider's dev pages), unless the page
+ * comes back to `returnTo` by itself. Bounded waits.
  */
-export async function oidcLogin(page, issuer, login) {
-  await page.waitForURL((u) => u.href.startsWith(`${issuer}/interaction/`));
+export async function oidcLogin(page, issuer, login, returnTo) {
+  const atProvider = (u) => u.href.startsWith(`${issuer}/interaction/`);
+  // A provider session from an earlier login in the same context skips the forms.
+  await page.waitForURL((u) => atProvider(u) || (returnTo && u.href.startsWith(returnTo)));
+  if (!atProvider(new URL(page.url()))) return;
   await page.locator('input[name="login"]').fill(login);
   await page.locator('input[name="password"]').fill('any');
   // The login form, then (first login for this client) the consent form: each a submit that navigates.
-  for (let i = 0; i < 4 && page.url().startsWith(`${issuer}/interaction/`); i++) {
+  for (let i = 0; i < 4 && atProvider(new URL(page.url())); i++) {
     const before = page.url();
     await Promise.all([page.waitForURL((u) => u.href !== before), page.locator('button[type="submit"]').first().click()]);
     await page.waitForLoadState('load');

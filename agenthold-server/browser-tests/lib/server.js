@@ -67,18 +67,38 @@ const START_TIMEOUT = 60000;
 /** A running `agenthold serve`. */
 export class Server {
   /**
-   * Start a server. `yaml` is appended to the config (top-level keys other than data_dir and server);
-   * `auth` is YAML put under `auth:` (indented by the caller's structure: pass lines without indent);
-   * `args` are extra serve flags.
+   * Start a server. `yaml` is appended to the config (top-level keys other than data_dir, server and
+   * auth); `auth` is YAML lines put under `auth:`; `oidc` ({issuer, clientId, clientSecret, name?}) and
+   * `github` ({base, clientId, clientSecret}) turn those providers on; `args` are extra serve flags;
+   * `port` fixes the port (the providers need the callback URL before the server starts).
    */
-  static async start({ yaml = '', auth = '', args = [], env = {} } = {}) {
+  static async start({ yaml = '', auth = '', args = [], env = {}, port, oidc, github } = {}) {
     const s = new Server();
     s.tmp = await mkdtemp(path.join(os.tmpdir(), 'agenthold-browser-'));
     s.dataDir = path.join(s.tmp, 'data');
-    s.port = await freePort();
+    s.port = port ?? (await freePort());
     s.base = `http://127.0.0.1:${s.port}`;
     s.config = path.join(s.tmp, 'config.yaml');
     const authLines = ['rate_unauthenticated: 0', ...auth.split('\n').filter((l) => l.trim() !== '')];
+    // The login providers (config keys of agenthold-core's AuthConfig): secrets in 0600 files.
+    if (oidc) {
+      const file = path.join(s.tmp, 'oidc-secret');
+      await writeFile(file, `${oidc.clientSecret}\n`, { mode: 0o600 });
+      authLines.push('oidc:', `  issuer: ${oidc.issuer}`, `  client_id: ${oidc.clientId}`, `  client_secret_file: ${file}`);
+      if (oidc.name) authLines.push(`  name: ${JSON.stringify(oidc.name)}`);
+    }
+    if (github) {
+      const file = path.join(s.tmp, 'github-secret');
+      await writeFile(file, `${github.clientSecret}\n`, { mode: 0o600 });
+      authLines.push(
+        'github:',
+        `  client_id: ${github.clientId}`,
+        `  client_secret_file: ${file}`,
+        `  authorize_url: ${github.base}/login/oauth/authorize`,
+        `  token_url: ${github.base}/login/oauth/access_token`,
+        `  api_url: ${github.base}`,
+      );
+    }
     const text = [
       `data_dir: ${s.dataDir}`,
       'server:',
@@ -109,6 +129,9 @@ export class Server {
     let exited = null;
     this.child.once('exit', (code, sig) => {
       exited = `${code ?? sig}`;
+    });
+    this.child.once('error', (e) => {
+      exited = `${e.message} (set AGENTHOLD_BIN)`;
     });
     const deadline = Date.now() + START_TIMEOUT;
     for (;;) {
