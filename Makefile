@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ADVISORY_DB ?= ../shared/advisory-db
 
-.PHONY: dev quickstart test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz
+.PHONY: dev quickstart test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz browser-test
 
 ## dev: the reference server on a throwaway data directory with a demo workspace and agent made through the
 ## API; it prints the local admin link and a token. Ctrl-C removes everything it made. Builds the dev image
@@ -88,3 +88,17 @@ fuzz:
 	for t in $$(cd fuzz && $(CARGO) +nightly fuzz list); do \
 	  mkdir -p fuzz/corpus/$$t && $(CARGO) +nightly fuzz run $$t fuzz/corpus/$$t fuzz/seeds/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
+
+## browser-test: the web UI and the browser boundary (S6) in real Chromium (Debian's, driven by playwright-core)
+## against a real `agenthold serve` with a real OIDC provider and a GitHub stand-in, all on loopback
+## (agenthold-server/browser-tests). Needs the UI built into the debug binary. Two test files at a time
+## (2 cores), every test and the whole run bounded. `make browser-test AGENTHOLD_SCREENSHOTS=docs/ui` also
+## writes the screenshots of docs/ui.md.
+BROWSER_TESTS := agenthold-server/browser-tests
+BROWSER_TEST_TIMEOUT ?= 1500
+browser-test: deps-dev ui
+	test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	cd $(BROWSER_TESTS) && npm ci --no-audit --no-fund --loglevel=error
+	$(CARGO) build -q -p agenthold-server
+	cd $(BROWSER_TESTS) && AGENTHOLD_BIN="$${CARGO_TARGET_DIR:-$(CURDIR)/target}/debug/agenthold" \
+	  timeout $(BROWSER_TEST_TIMEOUT) node --test --test-concurrency=2 --test-timeout=300000 test/*.test.js
