@@ -18,6 +18,7 @@ mod login;
 mod records;
 mod secrets;
 mod state;
+mod ui;
 
 use std::future::Future;
 use std::net::SocketAddr;
