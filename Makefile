@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ADVISORY_DB ?= ../shared/advisory-db
 
-.PHONY: dev quickstart test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz browser-test
+.PHONY: dev quickstart test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz ui browser-test
 
 ## dev: the reference server on a throwaway data directory with a demo workspace and agent made through the
 ## API; it prints the local admin link and a token. Ctrl-C removes everything it made. Builds the dev image
@@ -88,6 +88,11 @@ fuzz:
 	for t in $$(cd fuzz && $(CARGO) +nightly fuzz list); do \
 	  mkdir -p fuzz/corpus/$$t && $(CARGO) +nightly fuzz run $$t fuzz/corpus/$$t fuzz/seeds/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
+
+## ui: build the web UI (agenthold-server/ui, Vite + Svelte) into agenthold-server/ui/dist, which the server
+## embeds. Needs Node >= 20.19 and npm.
+ui:
+	cd agenthold-server/ui && npm ci --no-audit --no-fund && npm run build
 
 ## browser-test: the web UI and the browser boundary (S6) in real Chromium (Debian's, driven by playwright-core)
 ## against a real `agenthold serve` with a real OIDC provider and a GitHub stand-in, all on loopback
