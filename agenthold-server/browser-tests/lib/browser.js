@@ -69,7 +69,8 @@ export async function withPage(t, fn, { viewport = { width: 1280, height: 800 },
   context.setDefaultTimeout(STEP_TIMEOUT);
   context.setDefaultNavigationTimeout(STEP_TIMEOUT);
   const problems = [];
-  const expected = [];
+  // The app asks who is signed in when it starts; signed out, that is a 401 the browser logs.
+  const expected = [/status of 401 \(Unauthorized\) \(http:\/\/127\.0\.0\.1:\d+\/api\/v1\/me\)$/];
   const blocked = [];
   const pages = [];
   const foreign = [];

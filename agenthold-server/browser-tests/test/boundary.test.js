@@ -55,10 +55,12 @@ test('UI pages carry the CSP and the security headers; the terminal page a fresh
 
   // In the browser: the pages load without a CSP violation, console error or page error (withPage checks).
   await withPage(t, async ({ page }) => {
+    // Signed out, both end on the sign-in page.
     for (const path of ['/login', '/']) {
       const resp = await page.goto(`${s.base}${path}`);
       assert.ok(resp.ok(), `${path}: ${resp.status()}`);
-      await page.waitForLoadState('networkidle');
+      await page.getByRole('heading').first().waitFor();
+      await page.waitForURL((u) => u.pathname === '/login');
     }
   });
 });
