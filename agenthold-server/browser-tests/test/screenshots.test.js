@@ -94,7 +94,18 @@ test('screenshots of the UI for docs/ui.md', { skip: !OUT && 'set AGENTHOLD_SCRE
           else if (wait) await page.getByRole('button', { name: wait }).or(page.getByRole('link', { name: wait })).first().waitFor();
           else await page.getByRole('heading').first().waitFor();
           await page.waitForLoadState('networkidle');
-          if (wait === 'terminal') await until('a prompt', async () => (await page.locator('.xterm-rows').innerText()).trim().length > 0, 15000);
+          if (wait === 'terminal') {
+            await until('a prompt', async () => (await page.locator('.xterm-rows').innerText()).trim().length > 0, 15000);
+            await page.getByTestId('terminal').click();
+            await page.keyboard.type(`curl -s http://${API}/v1/models`);
+            await page.keyboard.press('Enter');
+            await until('the answer', async () => (await page.locator('.xterm-rows').innerText()).includes('upstream /v1/models'), 15000);
+          }
+          if (name === 'agent-execs' && suffix === '') {
+            await page.getByLabel('Command').fill('uname -srm');
+            await page.getByRole('button', { name: 'Run' }).click();
+            await until('the exec output', async () => (await page.getByTestId('exec-output').innerText()).includes('Linux'), 15000);
+          }
           await page.screenshot({ path: path.join(dir, `${name}${suffix}.png`) });
         }
       },
