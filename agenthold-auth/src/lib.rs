@@ -53,7 +53,10 @@ mod tests;
 
 pub use authz::RoleAuthz;
 pub use config::AuthConfig;
-pub use directory::Directory;
+pub use directory::{
+    AttemptRefusal, AttemptValues, BoundInvitation, Directory, LOGIN_ATTEMPT_SECS, LoginAttempt,
+    NewLoginAttempt, NewPendingMember, PENDING_PREFIX, PendingMember,
+};
 pub use error::{Error, Result};
 pub use model::{
     AgentRole, AuditEntry, Grant, Membership, NewAuditEntry, NewUser, TokenInfo, User, Workspace,

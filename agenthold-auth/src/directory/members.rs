@@ -4,7 +4,7 @@
 use agenthold_core::{UserId, WorkspaceId};
 
 use super::{
-    AGENTS, AUDIT, Directory, GRANTS, MEMBER_OF, MEMBERS, WORKSPACE_AGENTS, WORKSPACES, check_name,
+    AGENTS, AUDIT, Directory, GRANTS, MEMBER_OF, MEMBERS, PENDING, WORKSPACE_AGENTS, WORKSPACES, check_name,
     delete_op, put_op, rfc3339,
 };
 use crate::error::{Error, Result};
@@ -81,7 +81,7 @@ impl Directory {
             }
             ops.push(delete_op(WORKSPACE_AGENTS, key));
         }
-        for table in [GRANTS, AUDIT] {
+        for table in [GRANTS, AUDIT, PENDING] {
             for key in self.scan_keys(table, &prefix).await? {
                 ops.push(delete_op(table, key));
             }

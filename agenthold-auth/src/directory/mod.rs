@@ -20,12 +20,16 @@
 //! | `auth_sessions` | SHA-256 hex of the cookie | session record |
 //! | `auth_login_links` | SHA-256 hex of the link's token | expiry |
 //! | `auth_audit` | ws `/` 20-digit sequence number | [`AuditEntry`](crate::AuditEntry) |
+//! | `auth_login_attempts` | SHA-256 hex of the OAuth `state` | [`LoginAttempt`](crate::LoginAttempt) |
+//! | `auth_pending_members` | ws `/` invitation id | [`PendingMember`](crate::PendingMember) |
 // enforces: P4
 
 mod agents;
 mod audit;
+mod login_attempts;
 mod login_link;
 mod members;
+mod pending;
 mod sessions;
 mod tokens;
 mod users;
@@ -58,10 +62,15 @@ pub(crate) const TOKENS_BY_USER: &str = "auth_tokens_by_user";
 pub(crate) const SESSIONS: &str = "auth_sessions";
 pub(crate) const LOGIN_LINKS: &str = "auth_login_links";
 pub(crate) const AUDIT: &str = "auth_audit";
+pub(crate) const LOGIN_ATTEMPTS: &str = "auth_login_attempts";
+pub(crate) const PENDING: &str = "auth_pending_members";
+
+pub use login_attempts::{AttemptRefusal, AttemptValues, LOGIN_ATTEMPT_SECS, LoginAttempt, NewLoginAttempt};
+pub use pending::{BoundInvitation, NewPendingMember, PENDING_PREFIX, PendingMember};
 
 /// Every table the directory writes (for tests that look for leftovers).
 #[cfg(test)]
-pub(crate) const TABLES: [&str; 13] = [
+pub(crate) const TABLES: [&str; 15] = [
     USERS,
     USER_SUBJECTS,
     WORKSPACES,
@@ -75,6 +84,8 @@ pub(crate) const TABLES: [&str; 13] = [
     SESSIONS,
     LOGIN_LINKS,
     AUDIT,
+    LOGIN_ATTEMPTS,
+    PENDING,
 ];
 
 /// The current time as unix seconds.

@@ -6,7 +6,8 @@ use agenthold_core::UserId;
 use agenthold_core::authz::{Credential, Principal};
 use serde::{Deserialize, Serialize};
 
-use super::{Directory, LOGIN_LINKS, SESSIONS, secs_i64};
+use super::login_attempts::LoginAttempt;
+use super::{Directory, LOGIN_ATTEMPTS, LOGIN_LINKS, SESSIONS, secs_i64};
 use crate::error::Result;
 use crate::opaque;
 
@@ -99,7 +100,7 @@ impl Directory {
         Ok(())
     }
 
-    /// Delete the expired sessions and login links that were never presented again (a server calls this
+    /// Delete the expired sessions, login links and login attempts that were never presented again (a server calls this
     /// now and then). Returns how many records went.
     ///
     /// # Errors
@@ -115,6 +116,11 @@ impl Directory {
         }
         for (key, record) in self.scan_json::<LinkRecord>(LOGIN_LINKS, "").await? {
             if now >= record.expires_unix && self.store.delete(LOGIN_LINKS, key.as_bytes()).await? {
+                gone += 1;
+            }
+        }
+        for (key, record) in self.scan_json::<LoginAttempt>(LOGIN_ATTEMPTS, "").await? {
+            if now >= record.expires_unix && self.store.delete(LOGIN_ATTEMPTS, key.as_bytes()).await? {
                 gone += 1;
             }
         }

@@ -5,6 +5,7 @@ mod audit;
 mod authz;
 mod credentials;
 mod directory;
+mod login;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};

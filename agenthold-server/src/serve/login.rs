@@ -1,7 +1,8 @@
 //! The local admin link's landing page (SERVER.md §2): `/login/local#<token>` loads a page whose script
 //! (served from `/login/local.js`: the CSP allows no inline script) posts the fragment to `/auth/local`,
-//! which redeems it once and sets the session cookie. The fragment never reaches a server log. Also
-//! `/auth/logout`. The web UI is `ui.rs`.
+//! which redeems it once, sets the session cookie and answers `{next}` (the sanitised `?next=` of the page),
+//! where the script goes. The fragment never reaches a server log. Also `/auth/logout`. The login providers
+//! (OIDC, GitHub) are in `providers`; the web UI is `ui.rs`.
 // enforces: S6
 
 use axum::Router;
@@ -44,12 +45,13 @@ async fn page() -> Response {
 async fn script() -> Response {
     const JS: &str = r#"(function () {
   var token = location.hash.slice(1);
+  var next = new URLSearchParams(location.search).get("next") || "/";
   history.replaceState(null, "", location.pathname);
   var msg = document.getElementById("msg");
   fetch("/auth/local", {method: "POST", credentials: "same-origin",
-    headers: {"Content-Type": "application/json"}, body: JSON.stringify({token: token})})
+    headers: {"Content-Type": "application/json"}, body: JSON.stringify({token: token, next: next})})
     .then(function (r) {
-      if (r.ok) { location.replace("/"); } else { msg.textContent = "This link is invalid, expired or already used. Run `agenthold admin login-link` for a new one."; }
+      if (r.ok) { return r.json().then(function (b) { location.replace(b.next); }); } else { msg.textContent = "This link is invalid, expired or already used. Run `agenthold admin login-link` for a new one."; }
     });
 })();
 "#;
@@ -61,6 +63,8 @@ async fn script() -> Response {
 #[serde(deny_unknown_fields)]
 struct Redeem {
     token: String,
+    /// Where to go afterwards (sanitised: only a local path, else `/`).
+    next: Option<String>,
 }
 
 async fn redeem(
@@ -74,8 +78,13 @@ async fn redeem(
         }
         return Err(ApiError::unauthorized());
     };
+    // A new session at login; the one the browser had (if any) ends.
+    if let Some(old) = super::api::session_cookie_value(&parts, state.session_cookie()) {
+        state.dir.delete_session(old).await?;
+    }
     let cookie = state.dir.create_session(&user).await?;
-    let mut response = StatusCode::NO_CONTENT.into_response();
+    let next = super::providers::sanitize_next(body.next.as_deref());
+    let mut response = axum::Json(serde_json::json!({ "next": next })).into_response();
     let value = session_cookie(&state, &cookie, state.config.auth.session_absolute_secs);
     if let Ok(v) = HeaderValue::from_str(&value) {
         response.headers_mut().insert(header::SET_COOKIE, v);
@@ -95,7 +104,7 @@ async fn logout(State(state): State<AppState>, parts: Parts) -> ApiResult<Respon
 }
 
 /// A `Set-Cookie` value: HttpOnly, SameSite=Lax, Path=/, and Secure (with the `__Host-` name) on HTTPS.
-fn session_cookie(state: &AppState, value: &str, max_age: u64) -> String {
+pub(crate) fn session_cookie(state: &AppState, value: &str, max_age: u64) -> String {
     let secure = if state.https() { "; Secure" } else { "" };
     format!(
         "{}={value}; Path=/; HttpOnly; SameSite=Lax; Max-Age={max_age}{secure}",

@@ -15,6 +15,7 @@ pub(crate) mod admin;
 mod api;
 mod execs;
 mod login;
+mod providers;
 mod records;
 mod secrets;
 mod state;
@@ -97,6 +98,8 @@ impl Server {
         let vault = Arc::new(Vault::new(
             MasterKey::load_from_env_or_file(&config.master_key_file()?).context("load the master key")?,
         ));
+        // The login providers' client secrets are read now: a missing file fails the start, naming the key.
+        let providers = Arc::new(providers::Providers::from_config(&config)?);
         let runtime = Arc::new(runtime);
         let execs = execs::Execs::new(Arc::clone(&runtime), Arc::clone(&store));
         let lost = execs
@@ -122,6 +125,7 @@ impl Server {
             edits: tokio::sync::Mutex::new(()),
             agents_gone: state::AgentSignals::default(),
             execs,
+            providers,
         });
         secrets::reconcile(&state).await;
         Ok(Self { state, data_dir })
@@ -129,7 +133,7 @@ impl Server {
 
     /// The HTTP application (for serving it yourself, or calling it in-process).
     pub fn router(&self) -> axum::Router {
-        api::app(self.state.clone(), login::routes())
+        api::app(self.state.clone(), login::routes().merge(providers::routes()))
     }
 
     /// The runtime the server drives (for embedding code and benchmarks that compare with it).
@@ -173,6 +177,7 @@ impl Server {
         let shutdown = self.state.shutdown.clone();
         let admin_listener = admin::bind(&self.data_dir).await?;
         let admin_task = tokio::spawn(admin::serve(admin_listener, self.state.clone(), shutdown.clone()));
+        tokio::spawn(purge_expired(self.state.clone(), shutdown.clone()));
         let app = self.router();
         let closing = shutdown.clone();
         let server = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
@@ -190,5 +195,21 @@ impl Server {
         let _ = std::fs::remove_file(self.data_dir.join(admin::SOCKET));
         self.state.runtime.shutdown().await;
         Ok(())
+    }
+}
+
+/// Every 10 minutes until `shutdown`: delete expired sessions, login links and login attempts that nobody
+/// presented again.
+async fn purge_expired(state: AppState, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(600)) => {}
+        }
+        match state.dir.purge_expired().await {
+            Ok(n) if n > 0 => tracing::debug!(records = n, "expired credentials purged"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not purge expired credentials"),
+        }
     }
 }

@@ -12,6 +12,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::execs::Execs;
+use super::providers::Providers;
 
 /// The server's shared state.
 #[derive(Clone)]
@@ -46,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) agents_gone: AgentSignals,
     /// Execs as server-side objects.
     pub(crate) execs: Arc<Execs>,
+    /// The browser login providers (OIDC, GitHub) that the configuration turns on.
+    pub(crate) providers: Arc<Providers>,
 }
 
 /// One cancellation token per agent that someone waits on, fired (and forgotten) when the agent is deleted.
