@@ -17,6 +17,12 @@ export async function meFromPage(page) {
   });
 }
 
+/** GET /api/v1/me with the context's cookies, outside any page (error pages allow no fetch): the status. */
+export async function meStatus(context, base) {
+  const r = await context.request.get(`${base}/api/v1/me`, { timeout: 10000 });
+  return r.status();
+}
+
 /** The local admin, signed in on `page`: `{id, name, token}` (a personal token made with `admin token create`). */
 export async function localAdmin(page, server) {
   await localLogin(page, server);
