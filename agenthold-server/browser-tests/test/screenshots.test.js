@@ -8,20 +8,28 @@ import { mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import { withPage } from '../lib/browser.js';
 import { Server, REPO, freePort, until } from '../lib/server.js';
-import { startUpstream } from '../lib/providers.js';
+import { startUpstream, startOidc, startGithub } from '../lib/providers.js';
 import { localAdmin } from '../lib/flows.js';
 
 const OUT = process.env.AGENTHOLD_SCREENSHOTS;
 const API = 'api.example.test';
 const OTHER = 'other.example.test';
 
-let server, upstream;
+let server, upstream, oidc, gh;
 
 before(async () => {
   if (!OUT) return;
   upstream = await startUpstream();
   const deadDns = await freePort();
+  // Providers, so the sign-in page shows its buttons.
+  const port = await freePort();
+  oidc = await startOidc({ redirectUri: `http://127.0.0.1:${port}/auth/oidc/callback` });
+  oidc.name = 'Example SSO';
+  gh = await startGithub();
   server = await Server.start({
+    port,
+    oidc,
+    github: gh,
     yaml: `egress:\n  dns_upstream: 127.0.0.1:${deadDns}`,
     args: ['--dangerous-connect-to', `${API}:80=${upstream.addr}`, '--dangerous-connect-to', `${OTHER}:80=${upstream.addr}`],
   });
@@ -30,6 +38,8 @@ before(async () => {
 after(async () => {
   await server?.stop();
   await upstream?.stop();
+  await oidc?.stop();
+  await gh?.stop();
 });
 
 /** [file name, path, what to wait for] of every page; `{ws}`/`{agent}` filled in. */
@@ -83,7 +93,7 @@ test('screenshots of the UI for docs/ui.md', { skip: !OUT && 'set AGENTHOLD_SCRE
       t,
       async ({ page }) => {
         await page.goto(`${server.base}/login`);
-        await page.getByRole('link').first().waitFor().catch(() => {});
+        await page.getByRole('link', { name: 'Sign in with GitHub' }).waitFor();
         if (names.includes('workspaces')) await page.screenshot({ path: path.join(dir, `login${suffix}.png`) });
         const link = await server.loginLink();
         await page.goto(link);
