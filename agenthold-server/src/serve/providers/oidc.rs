@@ -240,7 +240,7 @@ impl Oidc {
             }
         }
         Err(Failure::invalid_token(format!(
-            "no key of the provider's JWK set fits the ID token (kid {:?}, alg {})",
+            "no key in the provider JWK set fits the ID token (kid {:?}, alg {})",
             jws.kid.as_deref().unwrap_or("none"),
             jws.alg
         )))
