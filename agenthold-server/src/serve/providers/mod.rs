@@ -359,6 +359,16 @@ async fn callback_inner(
         .get("code")
         .filter(|c| !c.is_empty())
         .ok_or_else(|| bad("the provider's answer has no code"))?;
+    // RFC 9207: a provider that names itself in the answer must be the configured issuer (mix-up defence).
+    if let (Some(iss), Some(o)) = (query.get("iss"), &p.oidc)
+        && provider == "oidc"
+        && *iss != o.config.issuer
+    {
+        return Err(Failure::new(
+            StatusCode::BAD_REQUEST,
+            "the answer names another issuer (iss) than the configured one",
+        ));
+    }
     let identity = match (provider, &p.oidc, &p.github) {
         ("oidc", Some(o), _) => {
             o.finish(&p.client, code, &attempt.verifier, &attempt.nonce)
