@@ -131,10 +131,20 @@ fn server(
     oidc: Option<&StandIn>,
     server_keys: &str,
 ) -> (TestServer, tempfile::TempDir) {
+    server_rated(github, oidc, server_keys, 0)
+}
+
+/// [`server`] with `auth.rate_unauthenticated` set (`0`: off).
+fn server_rated(
+    github: Option<&StandIn>,
+    oidc: Option<&StandIn>,
+    server_keys: &str,
+    rate: u32,
+) -> (TestServer, tempfile::TempDir) {
     let secrets = tempfile::tempdir().unwrap();
     let secret = secrets.path().join("client-secret");
     std::fs::write(&secret, format!("{CLIENT_SECRET}\n")).unwrap();
-    let mut yaml = String::from("auth:\n  rate_unauthenticated: 0\n");
+    let mut yaml = format!("auth:\n  rate_unauthenticated: {rate}\n");
     if let Some(g) = github {
         yaml.push_str(&format!(
             "  github:\n    client_id: {CLIENT_ID}\n    client_secret_file: {}\n    authorize_url: {b}/login/oauth/authorize\n    token_url: {b}/login/oauth/access_token\n    api_url: {b}/api\n",
@@ -587,6 +597,24 @@ fn open_redirects_through_next_land_on_the_root() {
         Some(&json!({"token": token, "next": "/w/team"})),
     );
     assert_eq!((r.status, &r.body), (200, &json!({"next": "/w/team"})));
+}
+
+// covers: S6, S13
+#[test]
+#[ignore = "needs root and Docker; make test runs it"]
+fn failed_callbacks_are_rate_limited_per_client_address() {
+    let gh = standins::github();
+    let (server, _secrets) = server_rated(Some(&gh), None, "", 1);
+    let mut b = Browser::new();
+    let url = format!("{}/auth/github/callback?code=x&state=forged", server.base);
+    let statuses: Vec<u16> = (0..8).map(|_| b.get(&url).status).collect();
+    // A burst of 4 failures passes (with their page), then 429.
+    assert_eq!(&statuses[..4], &[400; 4], "{statuses:?}");
+    assert!(statuses[4..].contains(&429), "{statuses:?}");
+    // Successful logins are not what is limited: after a pause, a real login goes through.
+    std::thread::sleep(Duration::from_millis(2100));
+    gh.set_person(Person::new("5", "Pat", None, false));
+    assert_eq!(b.login(&server, "github", "/").status, 303);
 }
 
 // covers: S6
