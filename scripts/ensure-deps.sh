@@ -2,9 +2,11 @@
 # Install and start what agenthold needs, when missing. Idempotent; needs root (apt, dockerd).
 #
 #   scripts/ensure-deps.sh dev    what `make dev` needs: Docker engine, nftables, iptables, iproute2,
-#                                 util-linux (nsenter), debootstrap and tar (the dev image build)
-#   scripts/ensure-deps.sh test   all of the above, plus the clients the tests drive (curl, git, openssl, node,
-#                                 python requests), dnsmasq, gVisor (runsc) and cargo-audit
+#                                 util-linux (nsenter), debootstrap and tar (the dev image build), Node.js
+#                                 and npm (the web UI's build)
+#   scripts/ensure-deps.sh test   all of the above, plus the clients the tests drive (curl, git, openssl,
+#                                 python requests, Chromium for the browser tests), dnsmasq, gVisor (runsc)
+#                                 and cargo-audit
 #
 # `make dev` installs only the first set, so a new machine reaches the server without waiting for test tools
 # (cargo-audit alone takes about ten minutes to build).
@@ -23,13 +25,15 @@ want ip iproute2
 want nsenter util-linux
 want debootstrap debootstrap
 want tar tar
+want node nodejs
+want npm npm
 if [ "$mode" = test ]; then
   want curl curl
   want git git
   want openssl openssl
   want dnsmasq dnsmasq-base
-  want node nodejs
   want runsc runsc
+  want chromium chromium
 fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

@@ -2,7 +2,7 @@
 //! (served from `/login/local.js`: the CSP allows no inline script) posts the fragment to `/auth/local`,
 //! which redeems it once, sets the session cookie and answers `{next}` (the sanitised `?next=` of the page),
 //! where the script goes. The fragment never reaches a server log. Also `/auth/logout`. The login providers
-//! (OIDC, GitHub) are in `providers`.
+//! (OIDC, GitHub) are in `providers`; the web UI is `ui.rs`.
 // enforces: S6
 
 use axum::Router;
@@ -18,7 +18,6 @@ use super::state::AppState;
 
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
-        .route("/", get(home))
         .route("/login/local", get(page))
         .route("/login/local.js", get(script))
         .route("/auth/local", post(redeem))
@@ -34,14 +33,6 @@ fn html(body: &'static str) -> Response {
         HeaderValue::from_static(PAGE_CSP),
     );
     r
-}
-
-async fn home() -> Response {
-    html(concat!(
-        "<!doctype html><meta charset=utf-8><title>agenthold</title>",
-        "<h1>agenthold</h1><p>This server's web UI is not built yet. The API is at ",
-        "<code>/api/v1</code> (document: <a href=\"/api/v1/openapi.json\">/api/v1/openapi.json</a>).</p>"
-    ))
 }
 
 async fn page() -> Response {

@@ -19,6 +19,7 @@ mod providers;
 mod records;
 mod secrets;
 mod state;
+mod ui;
 
 use std::future::Future;
 use std::net::SocketAddr;

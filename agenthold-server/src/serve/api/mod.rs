@@ -104,8 +104,8 @@ pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
     doc
 }
 
-/// The whole HTTP application.
-/// The whole HTTP application: the API, the probes, and `pages` (the login pages) behind the same layers.
+/// The whole HTTP application: the API, the probes, `pages` (the login pages) and the web UI (every path no
+/// route claims) behind the same layers.
 pub(crate) fn app(state: AppState, pages: Router<AppState>) -> Router {
     let (api, mut doc) = api_routes().split_for_parts();
     doc::finish(&mut doc);
@@ -120,7 +120,7 @@ pub(crate) fn app(state: AppState, pages: Router<AppState>) -> Router {
         )
         .merge(health::routes())
         .merge(pages)
-        .fallback(|| async { ApiError::not_found() });
+        .fallback(crate::serve::ui::fallback);
     api.layer(middleware::from_fn_with_state(state.clone(), audit_and_measure))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(
