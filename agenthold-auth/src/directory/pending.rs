@@ -59,18 +59,19 @@ pub struct BoundInvitation {
 }
 
 impl Directory {
-    /// Record a member of `ws` who has not logged in yet.
+    /// Record a member of `ws` who has not logged in yet. Returns the invitation and whether it is new: an
+    /// invitation of `ws` for the same email (case-insensitive) or the same provider and subject is kept,
+    /// with the new role.
     ///
     /// # Errors
     /// [`Error::BadInput`] when neither an email nor a provider with a subject is given, or one is
-    /// malformed; [`Error::NotFound`] for an unknown workspace; [`Error::Conflict`] when an invitation for
-    /// the same email or subject exists in `ws`; [`Error::Store`].
+    /// malformed; [`Error::NotFound`] for an unknown workspace; [`Error::Store`].
     pub async fn add_pending_member(
         &self,
         ws: &WorkspaceId,
         new: NewPendingMember,
         invited_by: &UserId,
-    ) -> Result<PendingMember> {
+    ) -> Result<(PendingMember, bool)> {
         let email = new.email.map(|e| e.trim().to_owned()).filter(|e| !e.is_empty());
         if let Some(email) = &email
             && (!email.contains('@')
@@ -110,17 +111,18 @@ impl Directory {
         }
         let _guard = self.write_lock.acquire().await;
         self.require_workspace(ws).await?;
-        for existing in self.pending_members(ws).await? {
+        for mut existing in self.pending_members(ws).await? {
             let same_email =
                 matches!((&existing.email, &email), (Some(a), Some(b)) if a.eq_ignore_ascii_case(b));
             let same_subject = existing.subject.is_some()
                 && existing.provider == new.provider
                 && existing.subject == new.subject;
             if same_email || same_subject {
-                return Err(Error::conflict(format!(
-                    "{} already invites this person to workspace {ws}",
-                    existing.id
-                )));
+                // Inviting the same person again changes the role of the invitation.
+                existing.role = new.role;
+                self.put_json(PENDING, &format!("{ws}/{}", existing.id), &existing)
+                    .await?;
+                return Ok((existing, false));
             }
         }
         let pending = PendingMember {
@@ -135,7 +137,7 @@ impl Directory {
         };
         self.put_json(PENDING, &format!("{ws}/{}", pending.id), &pending)
             .await?;
-        Ok(pending)
+        Ok((pending, true))
     }
 
     /// The pending members of `ws`, by id.

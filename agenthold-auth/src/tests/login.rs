@@ -139,22 +139,22 @@ async fn pending_members_bind_by_subject_or_verified_email() -> TestResult {
     let env = Env::new()?;
     let owner = env.user("owner").await?;
     let ws = workspace(&env, &owner).await?;
-    let by_subject = env
+    let (by_subject, new) = env
         .dir
         .add_pending_member(&ws, invite(None, Some(("github", "42"))), &owner)
         .await?;
-    assert!(by_subject.id.starts_with("inv_"));
+    assert!(new && by_subject.id.starts_with("inv_"));
     env.dir
         .add_pending_member(&ws, invite(Some("Grace@Example.com"), None), &owner)
         .await?;
     assert_eq!(env.dir.pending_members(&ws).await?.len(), 2);
-    // Duplicates and bad input.
-    assert!(
-        env.dir
-            .add_pending_member(&ws, invite(Some("grace@example.COM"), None), &owner)
-            .await
-            .is_err()
-    );
+    // The same person again: the same invitation, with the new role.
+    let mut again = invite(Some("grace@example.COM"), None);
+    again.role = WorkspaceRole::Member;
+    let (p, new) = env.dir.add_pending_member(&ws, again, &owner).await?;
+    assert!(!new && p.role == WorkspaceRole::Member);
+    assert_eq!(env.dir.pending_members(&ws).await?.len(), 2);
+    // Bad input.
     assert!(
         env.dir
             .add_pending_member(&ws, invite(None, None), &owner)
@@ -203,10 +203,14 @@ async fn pending_members_bind_by_subject_or_verified_email() -> TestResult {
         .await?;
     assert_eq!(bound.len(), 1);
     assert!(bound[0].by_email);
+    assert_eq!(
+        env.dir.member_role(&ws, &grace).await?,
+        Some(WorkspaceRole::Member)
+    );
     assert!(env.dir.pending_members(&ws).await?.is_empty());
 
     // Removing one.
-    let p = env
+    let (p, _) = env
         .dir
         .add_pending_member(&ws, invite(Some("x@y.z"), None), &owner)
         .await?;

@@ -73,6 +73,8 @@ impl Server {
     /// # Errors
     /// As [`Server::start`].
     pub async fn start_with(config: Config, dangerous: Dangerous) -> Result<Self> {
+        // A login provider whose client secret cannot be read fails the start before anything is built.
+        providers::Providers::from_config(&config)?;
         let data_dir = config.data_dir()?;
         let store: Arc<dyn Store> = Arc::new(RedbStore::open_in_data_dir(&data_dir)?);
         let runtime = Runtime::builder()

@@ -1,7 +1,7 @@
 // Serve the built UI (dist/) the way `agenthold serve` does — the same CSP (with a fresh nonce and the
 // <meta name="csp-nonce"> on terminal pages), index.html for every UI path — and proxy /api, /auth, /login/local
 // and /healthz (WebSocket upgrades included) to a running server. For trying the production build in a browser
-// before the server embeds it: `npm run build && node scripts/preview.mjs` (AGENTHOLD_URL, default
+// before the server embeds it: `npm run build && npm run preview` (AGENTHOLD_URL, default
 // http://127.0.0.1:8080; PORT, default 5174).
 import http from 'node:http';
 import net from 'node:net';

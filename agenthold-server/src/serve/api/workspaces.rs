@@ -1,8 +1,12 @@
 //! `/api/v1/workspaces`: workspaces (the creator becomes owner), their members and audit log (P4).
 //! Any member sees the workspace and its members; admins manage members; only owners delete the
-//! workspace or make and unmake owners.
+//! workspace or make and unmake owners. Members can be added before their first login (`POST …/members`,
+//! by email or by provider and subject): such a pending member is listed with `pending: true` and an id
+//! `inv_…`, which `DELETE …/members/{id}` also takes.
 
-use agenthold_auth::{AuditEntry, Membership, Workspace, WorkspaceRole};
+use agenthold_auth::{
+    AuditEntry, Membership, NewPendingMember, PENDING_PREFIX, PendingMember, Workspace, WorkspaceRole,
+};
 use agenthold_core::{Action, Resource, UserId};
 use axum::Json;
 use axum::extract::{Path, State};
@@ -20,7 +24,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_workspaces, create_workspace))
         .routes(routes!(get_workspace, rename_workspace, delete_workspace))
-        .routes(routes!(list_members))
+        .routes(routes!(list_members, invite_member))
         .routes(routes!(set_member, remove_member))
         .routes(routes!(audit_log))
 }
@@ -65,17 +69,79 @@ pub(crate) struct WorkspaceName {
     name: String,
 }
 
-/// A member of a workspace.
+/// A member of a workspace, or a pending one (invited, not logged in yet).
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct MemberView {
-    /// The member's user id (also `user`).
+    /// The member's user id (also `user`); for a pending member the invitation's id (`inv_…`).
     id: String,
-    /// The member's user id.
-    user: String,
-    /// Their display name.
+    /// The member's user id (absent for a pending member).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user: Option<String>,
+    /// Their display name (a pending member's email, or provider:subject).
     name: String,
     /// `owner`, `admin` or `member`.
     role: String,
+    /// Whether this is an invitation that binds at the person's first login.
+    pending: bool,
+    /// A pending member's email address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    email: Option<String>,
+    /// A pending member's login provider (`oidc`, `github`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provider: Option<String>,
+    /// A pending member's subject at that provider.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subject: Option<String>,
+}
+
+impl MemberView {
+    fn member(user: &UserId, name: String, role: WorkspaceRole) -> Self {
+        Self {
+            id: user.to_string(),
+            user: Some(user.to_string()),
+            name,
+            role: role_name(role),
+            pending: false,
+            email: None,
+            provider: None,
+            subject: None,
+        }
+    }
+
+    fn pending(p: PendingMember) -> Self {
+        let name = match (&p.email, &p.provider, &p.subject) {
+            (Some(e), _, _) => e.clone(),
+            (None, Some(pr), Some(s)) => format!("{pr}:{s}"),
+            _ => String::new(),
+        };
+        Self {
+            id: p.id,
+            user: None,
+            name,
+            role: role_name(p.role),
+            pending: true,
+            email: p.email,
+            provider: p.provider,
+            subject: p.subject,
+        }
+    }
+}
+
+/// `POST /api/v1/workspaces/{ws}/members`: add someone before their first login, by email (bound when a
+/// provider says that address is verified) or by provider and subject (or both).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"email": "grace@example.com", "role": "member"}))]
+pub(crate) struct Invite {
+    /// Email address (case-insensitive).
+    email: Option<String>,
+    /// Login provider: `oidc` or `github` (with `subject`).
+    provider: Option<String>,
+    /// The provider's subject: the OIDC `sub`, or GitHub's numeric user id.
+    subject: Option<String>,
+    /// `owner`, `admin` or `member`.
+    #[schema(value_type = RoleInWorkspace, example = "member")]
+    role: WorkspaceRole,
 }
 
 /// A list of members.
@@ -300,14 +366,69 @@ async fn list_members(
     let mut items = Vec::new();
     for Membership { user, role, .. } in state.dir.members(&ws).await? {
         let name = state.dir.user(&user).await?.map(|u| u.name).unwrap_or_default();
-        items.push(MemberView {
-            id: user.to_string(),
-            user: user.to_string(),
-            name,
-            role: role_name(role),
-        });
+        items.push(MemberView::member(&user, name, role));
     }
+    items.extend(
+        state
+            .dir
+            .pending_members(&ws)
+            .await?
+            .into_iter()
+            .map(MemberView::pending),
+    );
     Ok(Json(MemberList { items }))
+}
+
+#[utoipa::path(post, path = "/api/v1/workspaces/{ws}/members", tag = "members", request_body = Invite,
+    params(("ws" = String, Path)),
+    responses((status = 201, body = MemberView, description = "invited (pending), or added when that provider subject already has a user"),
+        (status = 200, body = MemberView, description = "the same person was already invited: the role is updated"),
+        (status = 400, body = Problem), (status = 403, body = Problem), (status = 404, body = Problem)),
+    extensions(("x-agenthold-role" = json!("workspace_admin"))))]
+async fn invite_member(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(ws): Path<String>,
+    Body(body): Body<Invite>,
+) -> ApiResult<Response> {
+    let ws = caller.workspace(&state, &ws, Action::Administer).await?;
+    if body.role == WorkspaceRole::Owner {
+        caller
+            .require(&state, Action::Own, &Resource::Workspace(ws.clone()))
+            .await?;
+    }
+    // Someone who already logged in through that provider is made a member at once.
+    if let (Some(provider), Some(subject)) = (&body.provider, &body.subject)
+        && let Some(user) = state.dir.user_by_subject(provider, subject).await?
+        && provider != "local"
+    {
+        let current = state.dir.member_role(&ws, &user.id).await?;
+        if current == Some(WorkspaceRole::Owner) {
+            caller
+                .require(&state, Action::Own, &Resource::Workspace(ws.clone()))
+                .await?;
+        }
+        let added = state.dir.set_member(&ws, &user.id, body.role).await?;
+        let status = if added {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
+        return Ok((status, Json(MemberView::member(&user.id, user.name, body.role))).into_response());
+    }
+    let new = NewPendingMember {
+        email: body.email,
+        provider: body.provider,
+        subject: body.subject,
+        role: body.role,
+    };
+    let (pending, created) = state.dir.add_pending_member(&ws, new, caller.user()).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(MemberView::pending(pending))).into_response())
 }
 
 #[utoipa::path(put, path = "/api/v1/workspaces/{ws}/members/{user}", tag = "members", request_body = SetRole,
@@ -332,12 +453,7 @@ async fn set_member(
             .await?;
     }
     let added = state.dir.set_member(&ws, &user, body.role).await?;
-    let view = MemberView {
-        id: user.to_string(),
-        user: user.to_string(),
-        name: found.name,
-        role: role_name(body.role),
-    };
+    let view = MemberView::member(&user, found.name, body.role);
     let status = if added {
         StatusCode::CREATED
     } else {
@@ -347,7 +463,7 @@ async fn set_member(
 }
 
 #[utoipa::path(delete, path = "/api/v1/workspaces/{ws}/members/{user}", tag = "members",
-    params(("ws" = String, Path), ("user" = String, Path)),
+    params(("ws" = String, Path), ("user" = String, Path, description = "a member's user id, or a pending member's id (`inv_…`)")),
     responses((status = 204), (status = 403, body = Problem), (status = 404, body = Problem), (status = 409, body = Problem)),
     extensions(("x-agenthold-role" = json!("workspace_admin"))))]
 async fn remove_member(
@@ -356,6 +472,21 @@ async fn remove_member(
     Path((ws, user)): Path<(String, String)>,
 ) -> ApiResult<Response> {
     let ws = caller.workspace(&state, &ws, Action::Administer).await?;
+    // A pending member (invitation) by its `inv_…` id.
+    if user.starts_with(PENDING_PREFIX) {
+        let pending = state.dir.pending_members(&ws).await?;
+        let found = pending
+            .iter()
+            .find(|p| p.id == user)
+            .ok_or_else(ApiError::not_found)?;
+        if found.role == WorkspaceRole::Owner {
+            caller
+                .require(&state, Action::Own, &Resource::Workspace(ws.clone()))
+                .await?;
+        }
+        state.dir.remove_pending_member(&ws, &user).await?;
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
     let user = UserId::new(user).map_err(|_| ApiError::not_found())?;
     match state.dir.member_role(&ws, &user).await? {
         None => return Err(ApiError::not_found()),

@@ -154,7 +154,10 @@ impl Jwk {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use ring::rand::SystemRandom;
-    use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, Ed25519KeyPair, KeyPair as _};
+    use ring::signature::{
+        ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, Ed25519KeyPair, KeyPair as _, RSA_PKCS1_SHA256,
+        RSA_PSS_SHA256, RsaKeyPair, RsaPublicKeyComponents,
+    };
 
     use super::*;
 
@@ -208,5 +211,42 @@ mod tests {
         for bad in ["", "a.b", "a.b.c.d", "!!.e30.e30"] {
             assert!(parse(bad).is_err(), "{bad}");
         }
+    }
+
+    /// A 2048-bit RSA test key (PKCS#1 RSAPrivateKey DER, base64), made with `openssl genpkey` for this test only.
+    const RSA_TEST_KEY: &str = include_str!("testdata/rsa-2048.der.b64");
+
+    // covers: S6
+    #[test]
+    fn rs256_and_ps256_verify_from_the_jwk_components() {
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(RSA_TEST_KEY.trim())
+            .unwrap();
+        let pair = RsaKeyPair::from_der(&der).unwrap();
+        let public: RsaPublicKeyComponents<Vec<u8>> = pair.public().into();
+        let key =
+            jwk(serde_json::json!({"kty": "RSA", "kid": "r1", "n": b64(&public.n), "e": b64(&public.e)}));
+        let rng = SystemRandom::new();
+        for (alg, padding) in [
+            ("RS256", &RSA_PKCS1_SHA256 as &dyn ring::signature::RsaEncoding),
+            ("PS256", &RSA_PSS_SHA256),
+        ] {
+            let input = format!(
+                "{}.{}",
+                b64(format!(r#"{{"alg":"{alg}"}}"#).as_bytes()),
+                b64(br#"{"sub":"a"}"#)
+            );
+            let mut sig = vec![0; pair.public().modulus_len()];
+            pair.sign(padding, &rng, input.as_bytes(), &mut sig).unwrap();
+            let token = format!("{input}.{}", b64(&sig));
+            assert!(key.verifies(&parse(&token).unwrap()), "{alg}");
+            sig[0] ^= 1;
+            let bad = format!("{input}.{}", b64(&sig));
+            assert!(!key.verifies(&parse(&bad).unwrap()), "{alg}");
+        }
+        // A key stated for another algorithm is not used.
+        let rs384_only =
+            jwk(serde_json::json!({"kty": "RSA", "alg": "RS384", "n": b64(&public.n), "e": b64(&public.e)}));
+        assert!(!rs384_only.fits("RS256"));
     }
 }

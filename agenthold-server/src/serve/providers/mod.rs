@@ -16,6 +16,7 @@ mod http;
 mod jwt;
 mod next;
 mod oidc;
+mod page;
 
 use agenthold_auth::{AttemptRefusal, NewLoginAttempt, NewUser};
 use agenthold_core::{Config, Credential, UserId};
@@ -32,6 +33,7 @@ use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
 
 pub(crate) use self::next::sanitize_next;
+use self::page::failure_page;
 use super::api::{ApiError, session_cookie_value};
 use super::state::AppState;
 
@@ -359,6 +361,16 @@ async fn callback_inner(
         .get("code")
         .filter(|c| !c.is_empty())
         .ok_or_else(|| bad("the provider's answer has no code"))?;
+    // RFC 9207: a provider that names itself in the answer must be the configured issuer (mix-up defence).
+    if let (Some(iss), Some(o)) = (query.get("iss"), &p.oidc)
+        && provider == "oidc"
+        && *iss != o.config.issuer
+    {
+        return Err(Failure::new(
+            StatusCode::BAD_REQUEST,
+            "the answer names another issuer (iss) than the configured one",
+        ));
+    }
     let identity = match (provider, &p.oidc, &p.github) {
         ("oidc", Some(o), _) => {
             o.finish(&p.client, code, &attempt.verifier, &attempt.nonce)
@@ -456,45 +468,6 @@ async fn find_or_create(state: &AppState, identity: &Identity) -> agenthold_auth
             }),
         Err(e) => Err(e),
     }
-}
-
-/// The CSP of the failure page: no script, no style, nothing loaded.
-const FAILURE_CSP: &str = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
-
-/// The HTML page of a failed login.
-fn failure_page(f: &Failure) -> Response {
-    let body = format!(
-        "<!doctype html><meta charset=utf-8><title>agenthold: sign-in failed</title>\
-         <h1>Sign-in failed</h1><p id=reason>{}</p><p><a href=\"/login\">Back to sign in</a></p>",
-        escape(&f.reason)
-    );
-    let mut r = (
-        f.status,
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        body,
-    )
-        .into_response();
-    r.headers_mut().insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(FAILURE_CSP),
-    );
-    r
-}
-
-/// `text` safe inside HTML text.
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 fn client_ip(parts: &Parts) -> Option<std::net::IpAddr> {

@@ -3,7 +3,8 @@
 //! one), the JWK set from its `jwks_uri` (cached, fetched again for an unknown `kid`, at most every 10 s),
 //! the code exchanged at the token endpoint with `client_secret_basic` (or `client_secret_post` when the
 //! provider offers only that), and the ID token checked: signature, `iss`, `aud` (and `azp` when there are
-//! several audiences), `exp`/`iat` with 60 s leeway, and the attempt's `nonce`.
+//! several audiences), `exp`/`iat` with 60 s leeway, and the attempt's `nonce`. When the ID token carries
+//! neither `name` nor `email`, they are read from the userinfo endpoint (same `sub` required).
 // enforces: S6
 
 use std::time::{Duration, Instant};
@@ -37,6 +38,8 @@ pub(crate) struct Discovery {
     jwks_uri: String,
     #[serde(default)]
     token_endpoint_auth_methods_supported: Option<Vec<String>>,
+    #[serde(default)]
+    userinfo_endpoint: Option<String>,
 }
 
 /// An OIDC provider.
@@ -60,6 +63,7 @@ impl std::fmt::Debug for Oidc {
 #[derive(Deserialize)]
 struct TokenAnswer {
     id_token: Option<String>,
+    access_token: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -199,7 +203,50 @@ impl Oidc {
         if !key.verifies(&jws) {
             return Err(Failure::invalid_token("ID token signature does not verify"));
         }
-        self.check_claims(&jws.claims, nonce, now())
+        let mut identity = self.check_claims(&jws.claims, nonce, now())?;
+        // Some providers (node oidc-provider by default) put profile and email claims only in userinfo.
+        if jws.claims.get("email").is_none()
+            && jws.claims.get("name").is_none()
+            && let (Some(url), Some(access)) = (&d.userinfo_endpoint, &token.access_token)
+        {
+            self.add_userinfo(client, url, access, &mut identity).await;
+        }
+        Ok(identity)
+    }
+
+    /// Fill name and email from the userinfo endpoint (best effort: the ID token already identified the
+    /// user; a userinfo answer for another `sub` is ignored, OpenID Connect Core §5.3.2).
+    async fn add_userinfo(&self, client: &Client, url: &str, access: &str, identity: &mut Identity) {
+        if !is_https_or_loopback(url) {
+            return;
+        }
+        let auth = format!("Bearer {access}");
+        let info = match client
+            .get(
+                url,
+                &[("accept", "application/json"), ("authorization", auth.as_str())],
+            )
+            .await
+        {
+            Ok(a) if a.status == 200 => a.json::<Value>("userinfo").ok(),
+            _ => None,
+        };
+        let Some(info) =
+            info.filter(|i| i.get("sub").and_then(Value::as_str) == Some(identity.subject.as_str()))
+        else {
+            return;
+        };
+        let s = |k: &str| info.get(k).and_then(Value::as_str).map(str::to_owned);
+        if let Some(name) = s("name")
+            .or_else(|| s("preferred_username"))
+            .or_else(|| s("email"))
+        {
+            identity.name = name;
+        }
+        if let Some(email) = s("email") {
+            identity.email_verified = info.get("email_verified") == Some(&Value::Bool(true));
+            identity.email = Some(email);
+        }
     }
 
     /// The key that should verify `jws`: by `kid` (fetching the set again once for an unknown one), or the
@@ -240,7 +287,7 @@ impl Oidc {
             }
         }
         Err(Failure::invalid_token(format!(
-            "no key of the provider's JWK set fits the ID token (kid {:?}, alg {})",
+            "no key in the provider JWK set fits the ID token (kid {:?}, alg {})",
             jws.kid.as_deref().unwrap_or("none"),
             jws.alg
         )))

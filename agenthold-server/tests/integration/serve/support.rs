@@ -57,11 +57,16 @@ fn free_port() -> u16 {
 impl TestServer {
     /// Start a server with an empty data directory and `extra_yaml` appended to its configuration.
     pub(crate) fn start_with(extra_yaml: &str, extra_args: &[&str]) -> Self {
+        Self::start_configured("", extra_yaml, extra_args)
+    }
+
+    /// [`TestServer::start_with`] with more keys of the `server` section (`"  public_url: …\n"`).
+    pub(crate) fn start_configured(server_keys: &str, extra_yaml: &str, extra_args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let config = dir.path().join("config.yaml");
         let yaml = format!(
-            "data_dir: {}\nserver:\n  listen: 127.0.0.1:{port}\n{extra_yaml}",
+            "data_dir: {}\nserver:\n  listen: 127.0.0.1:{port}\n{server_keys}{extra_yaml}",
             dir.path().join("data").display()
         );
         std::fs::write(&config, yaml).unwrap();

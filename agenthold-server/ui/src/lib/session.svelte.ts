@@ -4,8 +4,11 @@ import { api, ok, type Schemas } from './api/client';
 class Session {
   me = $state<Schemas['Me'] | null>(null);
   loading = $state(true);
+  /** Whether a load was started (not reactive: only read to start the first one). */
+  started = false;
 
   async load(): Promise<void> {
+    this.started = true;
     try {
       this.me = await ok(api.GET('/api/v1/me'));
     } catch {
