@@ -113,7 +113,12 @@ export class Server {
     s.env = env;
     s.agents = new Map(); // id -> ws, for cleanup
     s.cleanupToken = null;
-    await s.spawn();
+    try {
+      await s.spawn();
+    } catch (e) {
+      await s.stop();
+      throw e;
+    }
     return s;
   }
 

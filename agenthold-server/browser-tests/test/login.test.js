@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { withPage } from '../lib/browser.js';
 import { Server, freePort, fetchT } from '../lib/server.js';
 import { startOidc, oidcLogin, startGithub } from '../lib/providers.js';
-import { meFromPage, meStatus } from '../lib/flows.js';
+import { meFromPage, meStatus, localLogin } from '../lib/flows.js';
 
 let server, oidc, gh;
 
@@ -20,6 +20,7 @@ before(async () => {
     accounts: {
       ada: { name: 'Ada Lovelace', email: 'ada@example.test' },
       grace: { name: 'Grace Hopper', email: 'grace@example.test' },
+      lin: { name: 'Lin Invitee', email: 'lin@example.test' },
     },
   });
   oidc.name = 'Test IdP';
@@ -283,5 +284,46 @@ test('open redirect: next pointing elsewhere lands on / after OIDC, GitHub and l
     });
     assert.equal(r.status, 200, `POST /auth/local ${next}`);
     assert.equal((await r.json()).next, '/', `POST /auth/local sanitises ${next}`);
+  }
+});
+
+// covers: S6, P4
+test('people invited by email in the UI join at their first OIDC or GitHub login; Sign out ends the session', async (t) => {
+  let ws;
+  await withPage(t, async ({ page }) => {
+    await localLogin(page, server);
+    await page.getByLabel('Workspace name').fill('invited');
+    await page.getByRole('button', { name: 'Create workspace' }).click();
+    await page.waitForURL((u) => /^\/w\/[^/]+\/?$/.test(u.pathname));
+    ws = new URL(page.url()).pathname.split('/')[2];
+    await page.getByRole('link', { name: 'Members' }).click();
+    for (const email of ['lin@example.test', 'newbie@example.test']) {
+      await page.getByLabel('By email').check();
+      await page.getByLabel('Email address').fill(email);
+      await page.getByRole('button', { name: 'Add member' }).click();
+      await page.locator('[data-testid="member-row"]', { hasText: email }).waitFor();
+    }
+  });
+  gh.state.user = { id: 90210, login: 'newbie', name: 'New Bie', email: 'newbie@example.test' };
+  for (const [provider, name] of [
+    ['oidc', 'Lin Invitee'],
+    ['github', 'New Bie'],
+  ]) {
+    await withPage(t, async ({ page, context, foreign }) => {
+      foreign(oidc.issuer);
+      await page.goto(`${server.base}/auth/${provider}/start?next=/`);
+      if (provider === 'oidc') await oidcLogin(page, oidc.issuer, 'lin', `${server.base}/`);
+      await page.waitForURL(`${server.base}/`);
+      await page.getByText(name).first().waitFor();
+      // The invitation became a membership: the workspace is in their list and opens.
+      await page.getByRole('link', { name: 'invited' }).click();
+      await page.waitForURL((u) => u.pathname.startsWith(`/w/${ws}`));
+      await page.getByRole('link', { name: 'New agent' }).waitFor();
+      // Sign out: back to the sign-in page, the cookie and the session are gone.
+      await page.getByRole('button', { name: 'Sign out' }).click();
+      await page.waitForURL((u) => u.pathname === '/login');
+      assert.equal(await meStatus(context, server.base), 401);
+      assert.deepEqual((await context.cookies(server.base)).filter((c) => c.name === 'agenthold_session'), []);
+    });
   }
 });

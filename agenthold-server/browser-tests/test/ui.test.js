@@ -182,3 +182,25 @@ test('a viewer sees no admin controls and the API refuses admin calls made from 
   const policy = await server.api('GET', `/api/v1/workspaces/${ws}/agents/${agent}/network-policy`, { token: owner.token });
   assert.ok(!JSON.stringify(policy.body).includes(OTHER), 'the policy did not change');
 });
+
+// covers: S6, S7
+test('tokens page: a new token is shown once, works, and is revoked', async (t) => {
+  await withPage(t, async ({ page }) => {
+    await localAdmin(page, server);
+    await page.goto(`${server.base}/tokens`);
+    await page.getByLabel('Token name').fill('laptop');
+    await page.getByRole('button', { name: 'Create token' }).click();
+    const value = (await page.getByTestId('new-token').innerText()).trim();
+    assert.match(value, /^ahp_/);
+    assert.equal((await server.api('GET', '/api/v1/me', { token: value })).status, 200);
+    const row = page.getByTestId('token-row').filter({ hasText: 'laptop' });
+    await row.waitFor();
+    assert.ok(!(await row.innerText()).includes(value), 'the list shows a prefix, not the value');
+    await page.reload();
+    assert.equal(await page.getByTestId('new-token').count(), 0, 'shown once');
+    await row.getByRole('button', { name: 'Revoke' }).click();
+    await row.getByRole('button', { name: 'Yes, revoke' }).click();
+    await row.waitFor({ state: 'detached' });
+    assert.equal((await server.api('GET', '/api/v1/me', { token: value })).status, 401, 'revoked at once');
+  });
+});
