@@ -105,5 +105,6 @@ browser-test: deps-dev ui
 	test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	cd $(BROWSER_TESTS) && npm ci --no-audit --no-fund --loglevel=error
 	$(CARGO) build -q -p agenthold-server
+	$(CARGO) run -q -p agenthold-server -- image build-dev
 	cd $(BROWSER_TESTS) && AGENTHOLD_BIN="$${CARGO_TARGET_DIR:-$(CURDIR)/target}/debug/agenthold" \
 	  timeout $(BROWSER_TEST_TIMEOUT) node --test --test-concurrency=2 --test-timeout=300000 test/*.test.js
