@@ -28,8 +28,16 @@ pub(crate) struct Answer {
 impl Answer {
     /// The body as JSON of type `T`.
     pub(crate) fn json<T: serde::de::DeserializeOwned>(&self, what: &str) -> Result<T, String> {
-        serde_json::from_slice(&self.body)
-            .map_err(|e| format!("{what}: the answer is not the expected JSON ({e})"))
+        // serde's message can quote the answer (which may hold a token): say only where it failed.
+        serde_json::from_slice(&self.body).map_err(|e| {
+            format!(
+                "{what}: the answer (status {}) is not the expected JSON ({:?} error at line {}, column {})",
+                self.status,
+                e.classify(),
+                e.line(),
+                e.column()
+            )
+        })
     }
 }
 
