@@ -599,6 +599,22 @@ fn open_redirects_through_next_land_on_the_root() {
     assert_eq!((r.status, &r.body), (200, &json!({"next": "/w/team"})));
 }
 
+// covers: S6
+#[test]
+#[ignore = "needs root and Docker; make test runs it"]
+fn a_rotated_signing_key_is_fetched_when_a_token_names_it() {
+    let idp = standins::oidc();
+    let (server, _secrets) = server(None, Some(&idp), "");
+    idp.set_person(Person::new("rot", "Rot", None, false));
+    assert_eq!(Browser::new().login(&server, "oidc", "/").status, 303);
+    // The provider rotates its key; the server's cached set lacks the new kid and is fetched again
+    // (at most every 10 s).
+    idp.rotate_key();
+    std::thread::sleep(Duration::from_millis(10_500));
+    let done = Browser::new().login(&server, "oidc", "/");
+    assert_eq!(done.status, 303, "{done:?}");
+}
+
 // covers: S6, S13
 #[test]
 #[ignore = "needs root and Docker; make test runs it"]
