@@ -6,6 +6,7 @@
 //! - [`jail`]: what the command must not be able to do, even though agenthold runs as root.
 //! - [`cleanup`]: namespaces, links and rules are gone after every way a run can end.
 //! - [`concurrency`]: two runs at once.
+//! - [`openapi_snapshot`]: the UI's copy of the OpenAPI document is the server's.
 //!
 //! Every test gets its own data dir, loopback upstreams (HTTPS and HTTP echo servers) and `TestDns`, and
 //! points agenthold at them with `--dns-upstream`, `--dangerous-connect-to` and `--dangerous-upstream-ca`.
@@ -19,6 +20,7 @@ mod concurrency;
 mod contract;
 mod intercept;
 mod jail;
+mod openapi_snapshot;
 mod serve;
 mod support;
 mod traffic;

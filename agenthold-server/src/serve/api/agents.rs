@@ -53,7 +53,8 @@ pub(crate) struct AgentView {
     created_by: String,
     /// When (RFC 3339).
     created_at: String,
-    /// The caller's role on it: `admin`, `operator` or `viewer` (one agent only, not in lists).
+    /// The caller's role on it: `admin`, `operator` or `viewer` (so a client shows only the actions the
+    /// caller may take).
     #[serde(skip_serializing_if = "Option::is_none")]
     role: Option<String>,
     /// The image it runs (one agent only).
@@ -62,6 +63,20 @@ pub(crate) struct AgentView {
     /// Its network policy (one agent only).
     #[serde(skip_serializing_if = "Option::is_none")]
     policy: Option<PolicyBody>,
+    /// Its resource limits as created (one agent only; a limit absent inside: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limits: Option<Limits>,
+}
+
+/// An agent's resource limits.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Limits {
+    /// CPU limit in CPUs.
+    cpus: Option<f64>,
+    /// Memory limit in bytes.
+    memory_bytes: Option<u64>,
+    /// Process limit.
+    pids: Option<u32>,
 }
 
 impl AgentView {
@@ -77,6 +92,7 @@ impl AgentView {
             role: role.map(|r| agent_role_name(r).to_owned()),
             image: None,
             policy: None,
+            limits: None,
         }
     }
 }
@@ -308,6 +324,13 @@ async fn full_view(
     if let Ok(policy) = state.runtime.policy(&agent).await {
         view.policy = Some(PolicyBody::from(&policy));
     }
+    if let Ok(spec) = state.runtime.spec(&agent).await {
+        view.limits = Some(Limits {
+            cpus: spec.cpus,
+            memory_bytes: spec.memory_bytes,
+            pids: spec.pids,
+        });
+    }
     Ok(view)
 }
 
@@ -372,8 +395,9 @@ async fn list_agents(
             next_cursor = items.last().map(|v: &AgentView| v.id.clone());
             break;
         }
-        // The caller's role is shown on one agent's page, not in lists (one lookup less per agent).
-        items.push(AgentView::new(meta, None));
+        // The caller's role, so a list shows only the actions the caller may take (the web UI's quick actions).
+        let role = state.dir.agent_role(&ws, &agent, caller.user()).await?;
+        items.push(AgentView::new(meta, role));
     }
     Ok(Json(AgentList { items, next_cursor }))
 }

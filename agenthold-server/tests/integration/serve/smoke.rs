@@ -22,11 +22,17 @@ fn create_and_delete_an_agent() {
         "POST",
         &format!("/api/v1/workspaces/{ws}/agents"),
         &auth,
-        Some(&json!({"name": "a"})),
+        Some(&json!({"name": "a", "pids": 256})),
     );
     assert_eq!(agent.status, 201, "{:?}", agent.body);
     assert_eq!(agent.body["state"], "running");
     let id = agent.body["id"].as_str().unwrap().to_owned();
+    assert_eq!(agent.body["role"], "admin", "the creator administers the agent");
+    assert_eq!(agent.body["limits"]["pids"], 256, "{:?}", agent.body);
+    // Lists carry the caller's role too (the web UI shows only the actions it allows).
+    let list = server.call("GET", &format!("/api/v1/workspaces/{ws}/agents"), &auth, None);
+    assert_eq!(list.status, 200, "{:?}", list.body);
+    assert_eq!(list.body["items"][0]["role"], "admin", "{:?}", list.body);
     assert!(!engine_objects(&server.data_dir()).is_empty());
     // A token cannot mint a token (S7).
     let minted = server.call("POST", "/api/v1/me/tokens", &auth, Some(&json!({"name": "x"})));
