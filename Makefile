@@ -4,12 +4,12 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ADVISORY_DB ?= ../shared/advisory-db
 
-.PHONY: dev quickstart test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz ui browser-test
+.PHONY: dev quickstart test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz ui ui-test browser-test
 
 ## dev: the reference server on a throwaway data directory with a demo workspace and agent made through the
 ## API; it prints the local admin link and a token. Ctrl-C removes everything it made. Builds the dev image
 ## once (about a minute). `make quickstart` runs the embedded-runtime quickstart instead.
-dev: deps-dev
+dev: deps-dev ui
 	$(CARGO) run -q -p agenthold-server -- image build-dev
 	./scripts/dev-server.sh
 
@@ -20,8 +20,9 @@ quickstart: deps-dev
 	$(CARGO) run -q -p agenthold-examples --bin quickstart
 
 ## test: everything CI checks. Installs and starts what the tests need (Docker engine, nftables, …).
-## The order matters only for speed: install-check reuses the release build `python` made.
-test: deps lint audit unit api-fuzz python install-check e2e
+## The order matters only for speed: the UI is built before the server that embeds it; install-check reuses
+## the release build `python` made.
+test: deps ui-test lint audit unit api-fuzz python install-check e2e
 
 ## deps-dev: what `make dev` needs (Docker, nftables, debootstrap); deps: that plus the test tools.
 deps-dev:
@@ -93,6 +94,14 @@ fuzz:
 ## embeds. Needs Node >= 20.19 and npm.
 ui:
 	cd agenthold-server/ui && npm ci --no-audit --no-fund && npm run build
+
+## ui-test: the UI's type check (svelte-check, tsc), its unit tests (vitest), and that the typed client
+## (src/lib/api/schema.d.ts) is the one generated from the committed OpenAPI document, which the Rust test
+## openapi_snapshot keeps equal to the server's.
+ui-test: ui
+	cd agenthold-server/ui && npm run check && npm test
+	cd agenthold-server/ui && gen=$$(mktemp --suffix=.d.ts) && npx openapi-typescript openapi.json -o "$$gen" >/dev/null && \
+	  { cmp -s "$$gen" src/lib/api/schema.d.ts || { rm -f "$$gen"; echo "ui: schema.d.ts is stale: npm run gen" >&2; exit 1; }; } && rm -f "$$gen"
 
 ## browser-test: the web UI and the browser boundary (S6) in real Chromium (Debian's, driven by playwright-core)
 ## against a real `agenthold serve` with a real OIDC provider and a GitHub stand-in, all on loopback

@@ -28,8 +28,16 @@ pub(crate) struct Answer {
 impl Answer {
     /// The body as JSON of type `T`.
     pub(crate) fn json<T: serde::de::DeserializeOwned>(&self, what: &str) -> Result<T, String> {
-        serde_json::from_slice(&self.body)
-            .map_err(|e| format!("{what}: the answer is not the expected JSON ({e})"))
+        // serde's message can quote the answer (which may hold a token): say only where it failed.
+        serde_json::from_slice(&self.body).map_err(|e| {
+            format!(
+                "{what}: the answer (status {}) is not the expected JSON ({:?} error at line {}, column {})",
+                self.status,
+                e.classify(),
+                e.line(),
+                e.column()
+            )
+        })
     }
 }
 
@@ -163,5 +171,35 @@ impl Client {
             .map_err(|e| format!("{url}: reading the answer failed or it exceeds {MAX_BODY} bytes ({e})"))?
             .to_bytes();
         Ok(Answer { status, body })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    // covers: S6
+    #[tokio::test]
+    async fn plain_http_only_to_loopback_and_answers_are_capped() {
+        let client = Client::new().unwrap();
+        let e = client.get("http://id.example.com/x", &[]).await.unwrap_err();
+        assert!(e.contains("must be https unless the host is loopback"), "{e}");
+        // A loopback server whose answer is larger than the cap.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).await;
+            let big = vec![b'a'; MAX_BODY + 1];
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", big.len());
+            let _ = s.write_all(head.as_bytes()).await;
+            let _ = s.write_all(&big).await;
+        });
+        let e = client.get(&format!("http://{addr}/big"), &[]).await.unwrap_err();
+        assert!(e.contains("exceeds"), "{e}");
     }
 }

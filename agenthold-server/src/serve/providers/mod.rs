@@ -8,7 +8,8 @@
 //!   browser), exchanges the code, finds or creates the user by (provider, subject), binds pending
 //!   invitations, starts a new session (the one the browser presented is deleted) and sends the browser to
 //!   `next` (303). A failure is an HTML page saying why (CSP-clean, no script), and counts against the
-//!   client address's rate limit of failed logins.
+//!   client address's rate limit of unauthenticated and failed requests (`auth.rate_unauthenticated`), as
+//!   does every start (each writes a record).
 // enforces: S6
 
 mod github;
@@ -221,6 +222,13 @@ async fn start(
     Query(query): Query<HashMap<String, String>>,
     provider: &'static str,
 ) -> Response {
+    // Each start writes a login attempt: starts count against the client address's limit of
+    // unauthenticated requests, like failed callbacks.
+    if let Some(ip) = client_ip(&parts)
+        && let Err(retry) = state.limits.check_address(ip)
+    {
+        return ApiError::rate_limited(retry).into_response();
+    }
     match start_inner(&state, &parts, &query, provider).await {
         Ok(r) => r,
         Err(f) => failure_page(&f),

@@ -75,6 +75,7 @@ pub(crate) struct Shared {
     /// What the token endpoint refused, in order.
     pub(crate) refusals: Vec<String>,
     key: EcdsaKeyPair,
+    kid: String,
     other_key: EcdsaKeyPair,
     counter: u64,
 }
@@ -93,6 +94,13 @@ impl StandIn {
 
     pub(crate) fn spoil(&self, s: Spoil) {
         self.shared.lock().unwrap().spoil = s;
+    }
+
+    /// Sign from now on with a new key under a new `kid` (the JWK set serves only the new one).
+    pub(crate) fn rotate_key(&self) {
+        let mut shared = self.shared.lock().unwrap();
+        shared.key = key();
+        shared.kid = "k-rotated".into();
     }
 }
 
@@ -116,6 +124,7 @@ fn serve(app: Router<Arc<Mutex<Shared>>>) -> StandIn {
         pkce_ok: 0,
         refusals: Vec::new(),
         key: key(),
+        kid: "k1".into(),
         other_key: key(),
         counter: 0,
     }));
@@ -289,7 +298,7 @@ pub(crate) fn oidc() -> StandIn {
         let shared = s.lock().unwrap();
         let point = shared.key.public_key().as_ref();
         axum::Json(
-            json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "k1", "use": "sig", "alg": "ES256",
+            json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": shared.kid, "use": "sig", "alg": "ES256",
             "x": b64(&point[1..33]), "y": b64(&point[33..])}]}),
         )
         .into_response()
@@ -363,7 +372,11 @@ pub(crate) fn oidc() -> StandIn {
             }
             _ => {}
         }
-        let kid = if spoil == Spoil::UnknownKid { "k2" } else { "k1" };
+        let kid = if spoil == Spoil::UnknownKid {
+            "k2".to_owned()
+        } else {
+            shared.kid.clone()
+        };
         let header = json!({"alg": "ES256", "typ": "JWT", "kid": kid});
         let input = format!(
             "{}.{}",

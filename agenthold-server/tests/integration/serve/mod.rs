@@ -21,6 +21,8 @@ pub(crate) mod fixture;
 mod login;
 #[allow(dead_code, reason = "stand-ins expose more than every test uses")]
 mod login_standins;
+#[allow(dead_code, reason = "shared by the login tests")]
+mod login_support;
 mod matrix;
 mod requests;
 mod secrets;
