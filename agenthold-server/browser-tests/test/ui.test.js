@@ -204,3 +204,27 @@ test('tokens page: a new token is shown once, works, and is revoked', async (t) 
     assert.equal((await server.api('GET', '/api/v1/me', { token: value })).status, 401, 'revoked at once');
   });
 });
+
+// covers: P1, S6
+test('execs page: output streams live, and after a reload "Reattach" follows the running exec to its end', async (t) => {
+  await withPage(t, async ({ page }) => {
+    const admin = await localAdmin(page, server);
+    const ws = await server.workspace(admin.token, 'team-exec');
+    const agent = await server.agent(admin.token, ws, { name: 'exec', policy: { mode: 'allowlist', entries: [API] } });
+    await page.goto(`${server.base}/w/${ws}/agents/${agent}/execs`);
+    await page.getByLabel('Command').fill('for i in 1 2 3 4 5 6; do echo tick-$i; sleep 1; done');
+    await page.getByLabel(/Run in/).check();
+    await page.getByRole('button', { name: 'Run' }).click();
+    const out = page.getByTestId('exec-output');
+    await until('the first line, live', async () => (await out.innerText()).includes('tick-1'), 15000);
+    assert.ok(!(await out.innerText()).includes('tick-6'), 'seen before the command ended');
+    await page.reload();
+    const row = page.getByTestId('exec-row').first();
+    await row.getByRole('button', { name: 'Reattach' }).click();
+    await until('the whole output after reattaching', async () => {
+      const text = await page.getByTestId('exec-output').innerText();
+      return ['tick-1', 'tick-2', 'tick-6'].every((s) => text.includes(s));
+    }, 20000);
+    await row.getByRole('button', { name: 'Show output' }).waitFor({ timeout: 15000 });
+  });
+});
