@@ -61,9 +61,10 @@ const INIT = `document.addEventListener('securitypolicyviolation', (e) => {
  * marks a console message matching `re` as expected (it does not fail the test); `foreign(origin)` names a
  * provider's origin whose pages may have their internet requests blocked quietly (their fonts). Checks
  * problems at the end.
- * Options: `viewport`, `cookies` (added before the first page).
+ * Options: `viewport`, `cookies` (added before the first page), `screenshots: false` (a test that expects
+ * the failure).
  */
-export async function withPage(t, fn, { viewport = { width: 1280, height: 800 }, cookies = [] } = {}) {
+export async function withPage(t, fn, { viewport = { width: 1280, height: 800 }, cookies = [], screenshots = true } = {}) {
   const b = await browser();
   const context = await b.newContext({ viewport });
   context.setDefaultTimeout(STEP_TIMEOUT);
@@ -106,6 +107,7 @@ export async function withPage(t, fn, { viewport = { width: 1280, height: 800 },
     await new Promise((r) => setTimeout(r, 200));
     if (problems.length) throw new Error(`the browser reported problems:\n  ${problems.join('\n  ')}`);
   } catch (err) {
+    if (!screenshots) throw err;
     const dir = await mkdtemp(path.join(os.tmpdir(), 'agenthold-shots-'));
     let i = 0;
     for (const p of pages) {

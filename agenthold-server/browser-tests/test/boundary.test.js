@@ -159,3 +159,39 @@ test('another origin cannot act with the user cookie: form POST, credentialed fe
     }
   });
 });
+
+// covers: S6
+test('the harness itself: an inline style, an inline script or a page error on a UI page fails the test', async (t) => {
+  const s = await started();
+  const attempt = (fn) =>
+    withPage(t, async ({ page }) => {
+      await page.goto(`${s.base}/login`);
+      await page.getByRole('heading').first().waitFor();
+      await page.evaluate(fn);
+      await page.waitForTimeout(300);
+    }, { screenshots: false });
+  await assert.rejects(
+    attempt(() => {
+      const el = document.createElement('style');
+      el.textContent = 'body { color: red }';
+      document.head.append(el);
+    }),
+    /CSP violation.*style-src/s,
+    'an injected <style> is refused by the CSP and reported',
+  );
+  await assert.rejects(
+    attempt(() => {
+      const el = document.createElement('script');
+      el.textContent = 'window.x = 1';
+      document.head.append(el);
+    }),
+    /CSP violation.*script-src/s,
+    'an inline script is refused by the CSP and reported',
+  );
+  await assert.rejects(
+    attempt(() => setTimeout(() => {
+      throw new Error('boom from the page');
+    }, 0)),
+    /page error.*boom from the page/s,
+  );
+});
