@@ -228,3 +228,32 @@ test('execs page: output streams live, and after a reload "Reattach" follows the
     await row.getByRole('button', { name: 'Show output' }).waitFor({ timeout: 15000 });
   });
 });
+
+// covers: S13, S6
+test('workspace secrets page: a value is sent once and never comes back to the browser', async (t) => {
+  await withPage(t, async ({ page }) => {
+    const admin = await localAdmin(page, server);
+    const ws = await server.workspace(admin.token, 'team-secret');
+    const value = `sk-test-${Date.now()}-do-not-show`;
+    const bodies = [];
+    page.on('response', async (r) => {
+      if (r.url().startsWith(`${server.base}/api/`)) bodies.push(await r.text().catch(() => ''));
+    });
+    await page.goto(`${server.base}/w/${ws}/secrets`);
+    await page.getByLabel('Secret name').fill('upstream-key');
+    await page.getByLabel('Value', { exact: true }).fill(value);
+    await page.getByLabel('Hosts and header').check();
+    await page.getByLabel(/^Hosts/).fill(API);
+    await page.getByLabel('Header', { exact: true }).fill('Authorization');
+    await page.getByRole('button', { name: 'Create secret' }).click();
+    const row = page.getByTestId('secret-row').filter({ hasText: 'upstream-key' });
+    await row.waitFor();
+    assert.equal(await page.getByLabel('Value', { exact: true }).inputValue(), '', 'the form forgets the value');
+    await page.reload();
+    await row.waitFor();
+    assert.ok(!(await page.content()).includes(value), 'not in the page');
+    assert.ok(bodies.length > 0 && bodies.every((b) => !b.includes(value)), 'no API answer carried the value');
+    const list = await server.api('GET', `/api/v1/workspaces/${ws}/secrets`, { token: admin.token });
+    assert.ok(!JSON.stringify(list.body).includes(value));
+  });
+});
