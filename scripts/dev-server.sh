@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make dev`: the reference server on a throwaway data directory, with a demo workspace and agent created
-# through the API. Ctrl-C deletes the demo's agents through the API, stops the server and removes the data
+# through the API, and a local admin link that opens the web UI on them. Ctrl-C deletes the demo's agents through the API, stops the server and removes the data
 # directory: no container, network or rule is left behind.
 #
 # AGENTHOLD_DEV_PORT picks the port (default: 8080, or a free one when 8080 is taken).
@@ -71,16 +71,26 @@ trap cleanup INT TERM EXIT
 for _ in $(seq 300); do curl -fsS "$BASE/healthz" >/dev/null 2>&1 && break; sleep 0.2; done
 curl -fsS "$BASE/healthz" >/dev/null
 
-USER_ID=$("$AH" admin user create --name demo --config "$DATA/config.yaml")
-TOKEN=$("$AH" admin token create --user "$USER_ID" --name make-dev --config "$DATA/config.yaml")
+# The demo belongs to the local admin, so the browser sees it: redeem one admin link here for a session,
+# make a personal token from it (tokens are made only from a browser session), and print a fresh link.
+LINK=$("$AH" admin login-link --config "$DATA/config.yaml")
+JAR="$DATA/cookies"
+curl -fsS --max-time 30 -c "$JAR" -H "Content-Type: application/json" \
+  -d "{\"token\":\"${LINK#*#}\"}" "$BASE/auth/local" >/dev/null
+TOKEN=$(curl -fsS --max-time 30 -b "$JAR" -H "Content-Type: application/json" -d '{"name":"make-dev"}' \
+  "$BASE/api/v1/me/tokens" | json '["token"]')
+rm -f "$JAR"
 WS=$(api POST /api/v1/workspaces '{"name":"demo"}' | json '["id"]')
 AGENT=$(api POST "/api/v1/workspaces/$WS/agents" \
   '{"name":"demo-agent","policy":{"mode":"allowlist","entries":["example.com"]},"labels":{"made-by":"make-dev"}}' \
   | json '["id"]')
+LINK=$("$AH" admin login-link --config "$DATA/config.yaml")
 echo
 echo "agenthold server: $BASE   (API document: $BASE/api/v1/openapi.json)"
-echo "demo user $USER_ID, workspace $WS, agent $AGENT (allowlist: example.com)"
-echo "a personal token for the demo user (shown once):"
+echo "open the web UI as the local admin (one-time link, 15 minutes; \`$AH admin login-link --config $DATA/config.yaml\` makes another):"
+echo "  $LINK"
+echo "demo workspace $WS with agent $AGENT (allowlist: example.com)"
+echo "a personal token of the local admin (shown once):"
 echo "  export TOKEN=$TOKEN"
 echo "try:"
 echo "  curl -s -H \"Authorization: Bearer \$TOKEN\" $BASE/api/v1/workspaces/$WS/agents/$AGENT"

@@ -453,7 +453,7 @@ export interface paths {
         };
         get: operations["list_members"];
         put?: never;
-        post?: never;
+        post: operations["invite_member"];
         delete?: never;
         options?: never;
         head?: never;
@@ -797,6 +797,24 @@ export interface components {
             /** @description The user's id. */
             user: string;
         };
+        /**
+         * @description `POST /api/v1/workspaces/{ws}/members`: add someone before their first login, by email (bound when a
+         *     provider says that address is verified) or by provider and subject (or both).
+         * @example {
+         *       "email": "grace@example.com",
+         *       "role": "member"
+         *     }
+         */
+        Invite: {
+            /** @description Email address (case-insensitive). */
+            email?: string | null;
+            /** @description Login provider: `oidc` or `github` (with `subject`). */
+            provider?: string | null;
+            /** @description `owner`, `admin` or `member`. */
+            role: components["schemas"]["RoleInWorkspace"];
+            /** @description The provider's subject: the OIDC `sub`, or GitHub's numeric user id. */
+            subject?: string | null;
+        };
         /** @description An agent's resource limits. */
         Limits: {
             /**
@@ -835,16 +853,24 @@ export interface components {
             /** @description Members, by user id. */
             items: components["schemas"]["MemberView"][];
         };
-        /** @description A member of a workspace. */
+        /** @description A member of a workspace, or a pending one (invited, not logged in yet). */
         MemberView: {
-            /** @description The member's user id (also `user`). */
+            /** @description A pending member's email address. */
+            email?: string | null;
+            /** @description The member's user id (also `user`); for a pending member the invitation's id (`inv_…`). */
             id: string;
-            /** @description Their display name. */
+            /** @description Their display name (a pending member's email, or provider:subject). */
             name: string;
+            /** @description Whether this is an invitation that binds at the person's first login. */
+            pending: boolean;
+            /** @description A pending member's login provider (`oidc`, `github`). */
+            provider?: string | null;
             /** @description `owner`, `admin` or `member`. */
             role: string;
-            /** @description The member's user id. */
-            user: string;
+            /** @description A pending member's subject at that provider. */
+            subject?: string | null;
+            /** @description The member's user id (absent for a pending member). */
+            user?: string | null;
         };
         /** @description Memory: bytes, or a string with a unit (`512m`, `2g`, `65536k`). */
         Memory: number | string;
@@ -4078,6 +4104,114 @@ export interface operations {
             };
         };
     };
+    invite_member: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                ws: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["Invite"];
+            };
+        };
+        responses: {
+            /** @description the same person was already invited: the role is updated */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MemberView"];
+                };
+            };
+            /** @description invited (pending), or added when that provider subject already has a user */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MemberView"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is over its size cap */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not sent as application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body does not match the schema */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     set_member: {
         parameters: {
             query?: never;
@@ -4202,6 +4336,7 @@ export interface operations {
             header?: never;
             path: {
                 ws: string;
+                /** @description a member's user id, or a pending member's id (`inv_…`) */
                 user: string;
             };
             cookie?: never;
