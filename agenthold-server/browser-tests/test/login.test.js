@@ -115,7 +115,7 @@ test('the sign-in page lists the providers', async (t) => {
 test('OIDC login with PKCE, state and nonce lands on next and shows the user name', async (t) => {
   await withPage(t, async ({ page, foreign }) => {
     foreign(oidc.issuer);
-    const before = { auth: oidc.events.auth.length, token: oidc.events.token.length };
+    const mark = { auth: oidc.events.auth.length, token: oidc.events.token.length };
     await page.goto(`${server.base}/tokens`);
     // Not signed in: the app sends us to the sign-in page with next.
     await page.waitForURL((u) => u.pathname === '/login' && u.searchParams.get('next') === '/tokens');
@@ -123,12 +123,12 @@ test('OIDC login with PKCE, state and nonce lands on next and shows the user nam
     await oidcLogin(page, oidc.issuer, 'ada', server.base);
     await page.waitForURL(`${server.base}/tokens`);
 
-    const auth = oidc.events.auth.slice(before.auth).at(-1).params;
+    const auth = oidc.events.auth.slice(mark.auth).at(-1).params;
     assert.equal(auth.code_challenge_method, 'S256');
     assert.ok(auth.code_challenge?.length >= 43, 'a code_challenge');
     assert.ok(auth.state?.length >= 16, 'a state');
     assert.ok(auth.nonce?.length >= 16, 'a nonce');
-    const tok = oidc.events.token.slice(before.token);
+    const tok = oidc.events.token.slice(mark.token);
     assert.equal(tok.length, 1, 'one code exchange');
     assert.ok(tok[0].params.code_verifier, 'our server sent the PKCE verifier');
     assert.equal(tok[0].status, 200);
@@ -215,13 +215,13 @@ test('OIDC: a code_challenge rewritten on the way makes the provider refuse our 
 test('GitHub login with PKCE against the stand-in lands on next and shows the user name', async (t) => {
   await withPage(t, async ({ page, expect }) => {
     expect(/status of 40[01]/);
-    const before = gh.events.token.length;
+    const mark = gh.events.token.length;
     await page.goto(`${server.base}/login?next=/tokens`);
     await page.getByRole('link', { name: 'Sign in with GitHub' }).click();
     await page.waitForURL(`${server.base}/tokens`);
     await page.getByText('Mona Octocat').first().waitFor();
     assert.equal((await meFromPage(page)).body.name, 'Mona Octocat');
-    const tok = gh.events.token.slice(before);
+    const tok = gh.events.token.slice(mark);
     assert.equal(tok.length, 1);
     assert.equal(tok[0].result, 'ok', 'the verifier matched the S256 challenge');
     const auth = gh.events.authorize.at(-1);
@@ -239,14 +239,14 @@ test('GitHub login with PKCE against the stand-in lands on next and shows the us
 test('GitHub: a forged code_challenge makes the stand-in refuse our verifier, and the login fails', async (t) => {
   await withPage(t, async ({ page, expect }) => {
     expect(/status of 40[0-9]|status of 50[0-9]/);
-    const before = gh.events.token.length;
+    const mark = gh.events.token.length;
     await rewriteParam(page, `${gh.base}/login/oauth/authorize`, 'code_challenge', 'B'.repeat(43));
     await page.goto(`${server.base}/auth/github/start?next=/`);
     await page.waitForURL((u) => u.href.startsWith(callback('github')));
     const status = await page.evaluate(() => performance.getEntriesByType('navigation')[0]?.responseStatus);
     assert.ok(status >= 400 && status < 500, `refused: ${status}`);
     assert.equal(await meStatus(page.context(), server.base), 401);
-    assert.equal(gh.events.token.slice(before).at(-1)?.result, 'bad_verification_code');
+    assert.equal(gh.events.token.slice(mark).at(-1)?.result, 'bad_verification_code');
   });
 });
 

@@ -101,14 +101,14 @@ test('request log updates live; "Allow this host" on a denied row lets the next 
     await page.goto(`${server.base}/w/${ws}/agents/${agent}/requests`);
     const rows = page.getByTestId('request-row');
     await page.getByRole('heading').first().waitFor();
-    const before = await rows.count();
+    const rowsAtStart = await rows.count();
 
     assert.equal(await curl(admin.token, ws, agent, API, '/allowed-first'), 200);
     await page.locator(`[data-testid="request-row"][data-verdict="allowed"][data-host="${API}"]`).first().waitFor();
     assert.notEqual(await curl(admin.token, ws, agent, OTHER, '/denied-first'), 200);
     const denied = page.locator(`[data-testid="request-row"][data-verdict="denied"][data-host="${OTHER}"]`).first();
     await denied.waitFor();
-    assert.ok((await rows.count()) > before, 'rows appeared without a reload');
+    assert.ok((await rows.count()) > rowsAtStart, 'rows appeared without a reload');
     assert.ok(!upstream.seen.some((r) => r.path === '/denied-first'), 'the denied request never reached the upstream');
 
     await denied.getByRole('button', { name: 'Allow this host' }).click();
