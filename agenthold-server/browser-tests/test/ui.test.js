@@ -156,6 +156,12 @@ test('a viewer sees no admin controls and the API refuses admin calls made from 
       const edit = page.getByRole('button', { name: /grant|save|remove|revoke|add/i });
       for (let i = 0; i < (await edit.count()); i++) assert.ok(await edit.nth(i).isDisabled(), 'no grants editing for a viewer');
 
+      // A plain member of the workspace: the member list without the admin's controls.
+      await page.goto(`${server.base}/w/${ws}/members`);
+      await page.getByTestId('member-row').first().waitFor();
+      assert.equal(await page.getByRole('button', { name: 'Add member' }).count(), 0, 'no "Add member" for a member');
+      assert.equal(await page.getByTestId('member-row').getByRole('combobox').count(), 0, 'no role pickers for a member');
+
       // The same calls made directly from the page (same origin, the viewer's cookie): refused.
       const calls = await page.evaluate(
         async ({ ws, agent, api, other, me }) => {
@@ -171,6 +177,7 @@ test('a viewer sees no admin controls and the API refuses admin calls made from 
             await send('POST', `${base}/execs`, { argv: ['true'] }),
             await send('DELETE', base),
             await send('POST', `/api/v1/workspaces/${ws}/secrets`, { name: 'x', value: 'y', hosts: [api] }),
+            await send('POST', `/api/v1/workspaces/${ws}/members`, { email: 'friend@example.test', role: 'admin' }),
           ];
         },
         { ws, agent, api: API, other: OTHER, me: viewer.id },
