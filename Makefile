@@ -22,7 +22,7 @@ quickstart: deps-dev
 ## test: everything CI checks. Installs and starts what the tests need (Docker engine, nftables, …).
 ## The order matters only for speed: the UI is built before the server that embeds it; install-check reuses
 ## the release build `python` made.
-test: deps ui-test lint audit unit api-fuzz python install-check e2e
+test: deps ui-test lint audit unit api-fuzz browser-test python install-check e2e
 
 ## deps-dev: what `make dev` needs (Docker, nftables, debootstrap); deps: that plus the test tools.
 deps-dev:
