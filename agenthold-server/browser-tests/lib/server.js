@@ -27,16 +27,23 @@ export function binary() {
   return path.join(REPO, 'target', 'debug', 'agenthold');
 }
 
-/** A free TCP port on `host`. */
-export function freePort(host = '127.0.0.1') {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.once('error', reject);
-    s.listen(0, host, () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
+/**
+ * A free TCP port on `host`, for a listener that starts later (a server whose callback URL must be known
+ * first). Chosen below Linux's ephemeral range (32768-60999): a port from that range, free when checked, can
+ * be taken as the source port of any outgoing connection before our listener binds it, which made servers
+ * fail with "Address already in use" when two test files ran at once.
+ */
+export async function freePort(host = '127.0.0.1') {
+  for (let tries = 0; tries < 100; tries++) {
+    const port = 10000 + Math.floor(Math.random() * 22000);
+    const free = await new Promise((resolve) => {
+      const s = net.createServer();
+      s.once('error', () => resolve(false));
+      s.listen(port, host, () => s.close(() => resolve(true)));
     });
-  });
+    if (free) return port;
+  }
+  throw new Error(`no free port on ${host} below the ephemeral range after 100 tries`);
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
