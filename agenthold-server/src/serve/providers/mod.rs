@@ -47,6 +47,15 @@ pub(crate) struct Providers {
 }
 
 impl Providers {
+    /// Whether the provider named `provider` (`oidc` or `github`) is turned on.
+    fn is_configured(&self, provider: &str) -> bool {
+        match provider {
+            "oidc" => self.oidc.is_some(),
+            "github" => self.github.is_some(),
+            _ => false,
+        }
+    }
+
     /// The providers `config` turns on; reads their client secret files.
     pub(crate) fn from_config(config: &Config) -> anyhow::Result<Self> {
         let public_url = config.server.public_url();
@@ -242,7 +251,7 @@ async fn start_inner(
     provider: &'static str,
 ) -> Result<Response, Failure> {
     let p = &state.providers;
-    if (provider == "oidc" && p.oidc.is_none()) || (provider == "github" && p.github.is_none()) {
+    if !p.is_configured(provider) {
         return Ok(ApiError::not_found().into_response());
     }
     let verifier = random_value()?;
@@ -324,7 +333,7 @@ async fn callback_inner(
     provider: &'static str,
 ) -> Result<Response, Failure> {
     let p = &state.providers;
-    if (provider == "oidc" && p.oidc.is_none()) || (provider == "github" && p.github.is_none()) {
+    if !p.is_configured(provider) {
         return Err(Failure::new(
             StatusCode::NOT_FOUND,
             "this sign-in provider is not configured",
