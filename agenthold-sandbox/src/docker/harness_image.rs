@@ -164,17 +164,22 @@ pub async fn verify_integrity(path: &Path, integrity: &str) -> Result<()> {
 /// # Errors
 /// [`Error::Unavailable`] when `tar` fails or the member is missing; [`Error::Io`] for local files.
 pub async fn extract_binary(tgz: &Path, member: &str, dest: &Path) -> Result<()> {
+    // Streamed straight into the file: the binaries are hundreds of megabytes.
+    let file = std::fs::File::create(dest).map_err(|e| Error::io(format!("create {}", dest.display()), e))?;
     let output = tokio::process::Command::new("tar")
         .arg("-xzOf")
         .arg(tgz)
         .arg("--")
         .arg(member)
         .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(file))
         .kill_on_drop(true)
         .output()
         .await
         .map_err(|e| Error::io("run tar", e))?;
-    if !output.status.success() || output.stdout.is_empty() {
+    let size = tokio::fs::metadata(dest).await.map(|m| m.len()).unwrap_or(0);
+    if !output.status.success() || size == 0 {
+        let _ = tokio::fs::remove_file(dest).await;
         return Err(Error::Unavailable {
             problem: format!(
                 "{member} from {} ({}): {}",
@@ -184,9 +189,6 @@ pub async fn extract_binary(tgz: &Path, member: &str, dest: &Path) -> Result<()>
             ),
         });
     }
-    tokio::fs::write(dest, &output.stdout)
-        .await
-        .map_err(|e| Error::io(format!("write {}", dest.display()), e))?;
     use std::os::unix::fs::PermissionsExt as _;
     tokio::fs::set_permissions(dest, std::fs::Permissions::from_mode(0o755))
         .await
@@ -322,7 +324,10 @@ async fn build(docker: &Docker, context: &Path) -> Result<String> {
             Ok(info) => info,
             Err(e) => {
                 return Err(Error::Unavailable {
-                    problem: format!("building {HARNESS_IMAGE} failed: {e}; last lines: {}", tail(log.as_bytes(), 10)),
+                    problem: format!(
+                        "building {HARNESS_IMAGE} failed: {e}; last lines: {}",
+                        tail(log.as_bytes(), 10)
+                    ),
                 });
             }
         };
@@ -334,7 +339,10 @@ async fn build(docker: &Docker, context: &Path) -> Result<String> {
         }
         if let Some(detail) = info.error_detail.and_then(|d| d.message) {
             return Err(Error::Unavailable {
-                problem: format!("building {HARNESS_IMAGE} failed: {detail}; last lines: {}", tail(log.as_bytes(), 10)),
+                problem: format!(
+                    "building {HARNESS_IMAGE} failed: {detail}; last lines: {}",
+                    tail(log.as_bytes(), 10)
+                ),
             });
         }
     }
@@ -368,7 +376,8 @@ mod tests {
         let mut ok = IntegrityCheck::default();
         ok.update(b"hello");
         // sha512("hello"), base64.
-        let pinned = "sha512-m3HSJL1i83hdltRq0+o9czGb+8KJDKra4t/3JRlnPKcjI8PZm6XBHXx6zG4UuMXaDEZjR1wuXDre9G9zvN7AQw==";
+        let pinned =
+            "sha512-m3HSJL1i83hdltRq0+o9czGb+8KJDKra4t/3JRlnPKcjI8PZm6XBHXx6zG4UuMXaDEZjR1wuXDre9G9zvN7AQw==";
         ok.clone().finish(pinned, "x").unwrap();
         let err = ok.clone().finish("sha512-AAAA", "x").unwrap_err();
         assert!(err.to_string().contains("integrity mismatch"), "{err}");
@@ -384,8 +393,14 @@ mod tests {
         assert_ne!(harness_inputs_hash("sha256:a"), harness_inputs_hash("sha256:b"));
         let file = dockerfile("abc");
         assert!(file.starts_with("FROM agenthold/dev:latest\n"), "{file}");
-        assert!(file.contains("COPY claude codex codex-code-mode-host /usr/local/bin/"), "{file}");
-        assert!(file.contains("--uid 1000") && file.contains("--home-dir /workspace"), "{file}");
+        assert!(
+            file.contains("COPY claude codex codex-code-mode-host /usr/local/bin/"),
+            "{file}"
+        );
+        assert!(
+            file.contains("--uid 1000") && file.contains("--home-dir /workspace"),
+            "{file}"
+        );
         assert!(file.contains("chown 1000:1000 /workspace"), "{file}");
         assert!(file.contains("LABEL agenthold.inputs=abc"), "{file}");
     }

@@ -3,23 +3,25 @@
 //!
 //! Script: a request whose last user turn carries a `tool_result` gets a final text message quoting it
 //! ([`super::FINAL_TEXT`]); a request offering a `Bash` tool gets a `tool_use` of `Bash` running
-//! [`super::TOOL_COMMAND`]; anything else (title generation, quota probes) gets a short text.
+//! the given command (by default [`super::TOOL_COMMAND`]); anything else (title generation, quota probes)
+//! gets a short text.
 
 use serde_json::{Value, json};
 
-use super::{FINAL_TEXT, Reply, Routes, TOOL_COMMAND, text_of};
+use super::{FINAL_TEXT, Reply, Routes, text_of};
 use crate::EchoRequest;
 
 /// Input and output tokens every answer reports.
 pub const USAGE: (u64, u64) = (21, 9);
 
-/// Add the Messages API routes to `routes`.
-pub fn routes(routes: &mut Routes) {
+/// Add the Messages API routes to `routes`; the scripted tool call runs `command`.
+pub fn routes(routes: &mut Routes, command: &str) {
+    let command = command.to_owned();
     routes
         .route("POST", "/v1/messages/count_tokens", |_| {
             Reply::json(200, &json!({"input_tokens": USAGE.0}))
         })
-        .route("POST", "/v1/messages", messages)
+        .route("POST", "/v1/messages", move |r| messages(r, &command))
         // Claude Code's start-up probes (settings, feature flags, metrics): nothing it needs.
         .route("*", "/api/", |_| Reply::json(200, &json!({})));
 }
@@ -46,7 +48,7 @@ fn turn(body: &Value) -> Turn {
     if offers_bash { Turn::Tool } else { Turn::Plain }
 }
 
-fn messages(request: &EchoRequest) -> Reply {
+fn messages(request: &EchoRequest, command: &str) -> Reply {
     let Ok(body) = serde_json::from_slice::<Value>(&request.body) else {
         return Reply::json(
             400,
@@ -57,7 +59,7 @@ fn messages(request: &EchoRequest) -> Reply {
     let (content, stop) = match turn(&body) {
         Turn::Tool => (
             json!({"type": "tool_use", "id": "toolu_standin_1", "name": "Bash",
-                   "input": {"command": TOOL_COMMAND, "description": "Say hello from the tool"}}),
+                   "input": {"command": command, "description": "Say hello from the tool"}}),
             "tool_use",
         ),
         Turn::Final(output) => (

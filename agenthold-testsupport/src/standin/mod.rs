@@ -112,11 +112,17 @@ impl Routes {
         Self::default()
     }
 
-    /// The Messages API and the Responses API stand-ins ([`anthropic::routes`], [`openai::routes`]).
+    /// The Messages API and the Responses API stand-ins ([`anthropic::routes`], [`openai::routes`]),
+    /// their tool call running [`TOOL_COMMAND`].
     pub fn providers() -> Self {
+        Self::providers_running(TOOL_COMMAND)
+    }
+
+    /// [`Routes::providers`] with the scripted tool call running `command` (a shell command line).
+    pub fn providers_running(command: &str) -> Self {
         let mut routes = Self::new();
-        anthropic::routes(&mut routes);
-        openai::routes(&mut routes);
+        anthropic::routes(&mut routes, command);
+        openai::routes(&mut routes, command);
         routes
     }
 
@@ -161,17 +167,24 @@ pub struct Standin {
 
 impl std::fmt::Debug for Standin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Standin").field("addr", &self.addr).finish_non_exhaustive()
+        f.debug_struct("Standin")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 
 impl Standin {
-    /// The provider stand-ins over HTTPS on `127.0.0.1` (port 0), with a certificate from `ca` for
-    /// [`PROVIDER_HOSTS`].
-    pub async fn providers(ca: Arc<TestCa>) -> Self {
-        Self::start("127.0.0.1:0".parse().expect("a literal address"), Some(ca), PROVIDER_HOSTS, Routes::providers())
-            .await
-            .expect("bind the stand-in")
+    /// `routes` (e.g. [`Routes::providers`]) over HTTPS on `127.0.0.1` (port 0), with a certificate from
+    /// `ca` for [`PROVIDER_HOSTS`].
+    pub async fn providers(ca: Arc<TestCa>, routes: Routes) -> Self {
+        Self::start(
+            "127.0.0.1:0".parse().expect("a literal address"),
+            Some(ca),
+            PROVIDER_HOSTS,
+            routes,
+        )
+        .await
+        .expect("bind the stand-in")
     }
 
     /// A stand-in on `listen`: HTTPS with a certificate from `ca` for `names`, or plain HTTP/1.1 without
@@ -293,7 +306,12 @@ async fn serve<S>(
     }
 }
 
-async fn record(request: Request<Incoming>, scheme: &'static str, sni: Option<String>, peer: SocketAddr) -> EchoRequest {
+async fn record(
+    request: Request<Incoming>,
+    scheme: &'static str,
+    sni: Option<String>,
+    peer: SocketAddr,
+) -> EchoRequest {
     let (parts, body) = request.into_parts();
     let body = body
         .collect()
@@ -321,7 +339,12 @@ async fn record(request: Request<Incoming>, scheme: &'static str, sni: Option<St
         headers: parts
             .headers
             .iter()
-            .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
             .collect(),
         body,
         peer,

@@ -4,37 +4,39 @@
 //!
 //! Script: a request whose input carries a `function_call_output` gets a final assistant message quoting
 //! it ([`super::FINAL_TEXT`]); otherwise a call of the shell tool the request offers (`shell`,
-//! `shell_command` or `exec_command`, whichever Codex sent) running [`super::TOOL_COMMAND`].
+//! `shell_command` or `exec_command`, whichever Codex sent) running the given command (by default
+//! [`super::TOOL_COMMAND`]).
 
 use serde_json::{Value, json};
 
-use super::{FINAL_TEXT, Reply, Routes, TOOL_COMMAND, text_of};
+use super::{FINAL_TEXT, Reply, Routes, text_of};
 use crate::EchoRequest;
 
 /// Input and output tokens every answer reports.
 pub const USAGE: (u64, u64) = (34, 12);
 
-/// Add the Responses API routes to `routes`.
-pub fn routes(routes: &mut Routes) {
+/// Add the Responses API routes to `routes`; the scripted tool call runs `command`.
+pub fn routes(routes: &mut Routes, command: &str) {
+    let command = command.to_owned();
     routes
-        .route("POST", "/v1/responses", responses)
+        .route("POST", "/v1/responses", move |r| responses(r, &command))
         .route("GET", "/v1/models", |_| {
             Reply::json(200, &json!({"object": "list", "data": [], "models": []}))
         });
 }
 
 /// The shell function call for the tools a request offers: `(name, arguments JSON)`.
-fn shell_call(body: &Value) -> (String, String) {
+fn shell_call(body: &Value, command: &str) -> (String, String) {
     let names: Vec<&str> = body["tools"]
         .as_array()
         .map(|tools| tools.iter().filter_map(|t| t["name"].as_str()).collect())
         .unwrap_or_default();
     let args = if names.contains(&"shell") {
-        ("shell", json!({"command": ["bash", "-lc", TOOL_COMMAND]}))
+        ("shell", json!({"command": ["bash", "-lc", command]}))
     } else if names.contains(&"exec_command") {
-        ("exec_command", json!({"cmd": TOOL_COMMAND}))
+        ("exec_command", json!({"cmd": command}))
     } else {
-        ("shell_command", json!({"command": TOOL_COMMAND}))
+        ("shell_command", json!({"command": command}))
     };
     (args.0.to_owned(), args.1.to_string())
 }
@@ -50,9 +52,12 @@ fn tool_output(body: &Value) -> Option<String> {
     })
 }
 
-fn responses(request: &EchoRequest) -> Reply {
+fn responses(request: &EchoRequest, command: &str) -> Reply {
     let Ok(body) = serde_json::from_slice::<Value>(&request.body) else {
-        return Reply::json(400, &json!({"error": {"message": "not JSON", "type": "invalid_request_error"}}));
+        return Reply::json(
+            400,
+            &json!({"error": {"message": "not JSON", "type": "invalid_request_error"}}),
+        );
     };
     let model = body["model"].as_str().unwrap_or("gpt-standin").to_owned();
     let id = format!("resp_standin_{}", request.body.len());
@@ -63,7 +68,7 @@ fn responses(request: &EchoRequest) -> Reply {
                    "content": [{"type": "output_text", "text": text, "annotations": []}]})
         }
         None => {
-            let (name, arguments) = shell_call(&body);
+            let (name, arguments) = shell_call(&body, command);
             json!({"type": "function_call", "id": "fc_standin_1", "call_id": "call_standin_1",
                    "status": "completed", "name": name, "arguments": arguments})
         }
@@ -117,20 +122,24 @@ fn final_output(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::standin::TOOL_COMMAND;
 
     #[test]
     fn the_script_calls_the_offered_shell_tool_then_quotes_its_output() {
         let body = json!({"input": [{"type": "message", "role": "user", "content": []}],
                           "tools": [{"type": "function", "name": "exec_command"}]});
         assert_eq!(tool_output(&body), None);
-        assert_eq!(shell_call(&body).0, "exec_command");
+        assert_eq!(shell_call(&body, TOOL_COMMAND).0, "exec_command");
         let body = json!({"tools": [{"type": "function", "name": "shell"}]});
-        let (name, args) = shell_call(&body);
+        let (name, args) = shell_call(&body, TOOL_COMMAND);
         assert_eq!(name, "shell");
         assert!(args.contains("echo hello-from-tool"), "{args}");
         let body = json!({"input": [{"type": "function_call_output", "call_id": "c",
                                      "output": "{\"output\":\"hello-from-tool\\n\",\"metadata\":{}}"}]});
         assert_eq!(final_output(&tool_output(&body).unwrap()), "hello-from-tool");
-        assert_eq!(final_output("Exit code: 0\nOutput:\nhello-from-tool\n"), "hello-from-tool");
+        assert_eq!(
+            final_output("Exit code: 0\nOutput:\nhello-from-tool\n"),
+            "hello-from-tool"
+        );
     }
 }
