@@ -2,6 +2,24 @@
 //! non-root user `agent`, the environment (`HOME` on the agent's volume), and the harness's own command
 //! line. The prompt never appears here: it always goes to the process's standard input, so no prompt can
 //! become an argument or a shell word. Helper `harness` (which owns the harness image) may refine this file.
+//!
+//! What each binary needs inside a sandbox (checked against `agenthold/harness:latest`, claude 2.1.332 and
+//! codex 0.171.0, through the gateway):
+//! - Both reach the real host names (`api.anthropic.com`, `api.openai.com`); the gateway maps them, so no
+//!   base URL is set. Both go through the sandbox's `HTTPS_PROXY` like everything else.
+//! - Trust: claude (a Bun executable) adds `NODE_EXTRA_CA_CERTS`, which every sandbox has; codex (Rust,
+//!   static musl) reads `SSL_CERT_FILE` (every sandbox has it) and its own `CODEX_CA_CERTIFICATE`, set here
+//!   to the same bundle.
+//! - Keys: an agent secret attached with a variable (`ANTHROPIC_API_KEY` with preset `anthropic`,
+//!   `OPENAI_API_KEY` with preset `openai`) puts a placeholder in the run's environment; the gateway
+//!   swaps it for the value in the one header the preset names (`x-api-key`, `authorization`).
+//! - claude refuses `--dangerously-skip-permissions` as root: runs drop to `agent` ([`AS_AGENT`]).
+//! - codex's own sandbox (bubblewrap, landlock) cannot nest in the container, which is the sandbox:
+//!   `--dangerously-bypass-approvals-and-sandbox`. Its built-in OpenAI provider first tries the Responses
+//!   API over a WebSocket and retries five times before falling back to HTTPS streaming; the run names a
+//!   provider for the same endpoint with `supports_websockets=false` ([`CODEX_PROVIDER`]), so every call is
+//!   one HTTPS request the gateway sees whole. (A ChatGPT-account login needs the built-in provider
+//!   instead.)
 // enforces: P1
 
 use std::collections::BTreeMap;
@@ -14,6 +32,16 @@ pub(crate) const HOME: &str = "/workspace";
 /// The prefix that runs the rest of the argv as the image's non-root user `agent` (Claude Code refuses
 /// its bypass-permission mode as root).
 pub(crate) const AS_AGENT: [&str; 5] = ["setpriv", "--reuid=agent", "--regid=agent", "--init-groups", "--"];
+
+/// The Codex model provider a run uses: the OpenAI Responses API at its real address, key from
+/// `OPENAI_API_KEY`, streamed over HTTPS only (no WebSocket attempts).
+pub(crate) const CODEX_PROVIDER: [&str; 4] = [
+    "-c",
+    "model_provider=\"agenthold_openai\"",
+    "-c",
+    "model_providers.agenthold_openai={name=\"OpenAI\",base_url=\"https://api.openai.com/v1\",\
+     env_key=\"OPENAI_API_KEY\",wire_api=\"responses\",supports_websockets=false}",
+];
 
 /// What a run asks of its harness besides the prompt.
 #[derive(Debug, Clone, Default)]
@@ -52,7 +80,17 @@ pub(crate) fn argv(harness: Harness, args: &HarnessArgs<'_>) -> Vec<String> {
         }
         Harness::Codex => {
             argv.extend(AS_AGENT.iter().map(|s| (*s).to_owned()));
-            argv.extend(["codex", "exec", "--json", "--skip-git-repo-check"].map(str::to_owned));
+            argv.extend(
+                [
+                    "codex",
+                    "exec",
+                    "--json",
+                    "--skip-git-repo-check",
+                    "--dangerously-bypass-approvals-and-sandbox",
+                ]
+                .map(str::to_owned),
+            );
+            argv.extend(CODEX_PROVIDER.iter().map(|s| (*s).to_owned()));
             if let Some(m) = args.model {
                 argv.extend(["--model".to_owned(), m.to_owned()]);
             }
@@ -83,6 +121,9 @@ pub(crate) fn env(harness: Harness) -> BTreeMap<String, String> {
         ("CODEX_HOME", "/workspace/.codex"),
         ("DISABLE_AUTOUPDATER", "1"),
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
+        ("DISABLE_TELEMETRY", "1"),
+        ("DISABLE_ERROR_REPORTING", "1"),
+        ("CODEX_CA_CERTIFICATE", sandboxd::contract::CA_BUNDLE),
     ] {
         env.insert(k.to_owned(), v.to_owned());
     }

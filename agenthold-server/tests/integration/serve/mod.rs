@@ -6,6 +6,7 @@
 //! - [`bad_input`]: malformed requests, refused credentials, rate limits, cross-origin writes.
 //! - [`runs`]: harness runs with a custom harness (events, replay, cancel, stdin, limits, lost).
 //! - [`crash`]: `kill -9` during a burst of writes; what was acknowledged survives, egress comes back.
+//! - [`harness`]: the real `claude` and `codex` in a sandbox against provider stand-ins.
 //! - [`login`]: OIDC and GitHub logins against provider stand-ins ([`login_standins`]), invitations, cookies.
 
 mod bad_input;
@@ -19,6 +20,7 @@ mod execs;
 mod files;
 #[allow(dead_code, reason = "shared by the exec, file and terminal tests")]
 pub(crate) mod fixture;
+mod harness;
 mod login;
 #[allow(dead_code, reason = "stand-ins expose more than every test uses")]
 mod login_standins;
