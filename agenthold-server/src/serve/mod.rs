@@ -20,6 +20,7 @@ mod records;
 mod secrets;
 mod state;
 mod ui;
+mod webhooks;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -115,6 +116,7 @@ impl Server {
             runtime,
             authz: Arc::new(RoleAuthz::new(Arc::clone(&dir))),
             limits: Arc::new(RateLimits::new(&config.auth)),
+            hook_limits: Arc::new(api::delivery_limits(&config)),
             dir,
             store,
             public_url: config.server.public_url(),
