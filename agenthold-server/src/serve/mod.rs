@@ -21,6 +21,7 @@ mod runs;
 mod secrets;
 mod state;
 mod ui;
+mod webhooks;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -124,6 +125,7 @@ impl Server {
             runtime,
             authz: Arc::new(RoleAuthz::new(Arc::clone(&dir))),
             limits: Arc::new(RateLimits::new(&config.auth)),
+            hook_limits: Arc::new(api::delivery_limits(&config)),
             dir,
             store,
             public_url: config.server.public_url(),

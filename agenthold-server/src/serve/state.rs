@@ -52,6 +52,8 @@ pub(crate) struct Shared {
     pub(crate) runs: Arc<Runs>,
     /// The browser login providers (OIDC, GitHub) that the configuration turns on.
     pub(crate) providers: Arc<Providers>,
+    /// Webhook deliveries per client address (S8), apart from the unauthenticated limit.
+    pub(crate) hook_limits: Arc<RateLimits>,
 }
 
 /// One cancellation token per agent that someone waits on, fired (and forgotten) when the agent is deleted.

@@ -24,6 +24,7 @@ mod secrets;
 mod sse;
 mod suggestions;
 mod terminal;
+mod webhooks;
 mod workspaces;
 
 use std::time::Instant;
@@ -43,6 +44,7 @@ use utoipa_axum::router::OpenApiRouter;
 pub(crate) use caller::{Caller, CallerSlot, cookie as session_cookie_value};
 pub(crate) use error::{ApiError, ApiResult, Problem};
 pub(crate) use json::{Body, Params};
+pub(crate) use webhooks::delivery_limits;
 
 use crate::serve::state::AppState;
 
@@ -97,6 +99,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(runs::routes())
         .merge(files::routes())
         .merge(terminal::routes())
+        .merge(webhooks::routes())
 }
 
 /// The OpenAPI document of the API (the same list the router serves).
@@ -121,6 +124,7 @@ pub(crate) fn app(state: AppState, pages: Router<AppState>) -> Router {
             }),
         )
         .merge(health::routes())
+        .merge(webhooks::hook_routes())
         .merge(pages)
         .fallback(crate::serve::ui::fallback);
     api.layer(middleware::from_fn_with_state(state.clone(), audit_and_measure))

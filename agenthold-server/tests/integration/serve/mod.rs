@@ -37,6 +37,7 @@ mod smoke;
 )]
 pub(crate) mod support;
 mod terminal;
+mod webhooks;
 #[allow(
     dead_code,
     reason = "shared by the egress tests; not every test uses every helper"
