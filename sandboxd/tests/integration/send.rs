@@ -120,3 +120,26 @@ fn called_as_agenthold_send_it_is_the_send_command() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("usage: agenthold-send"));
 }
+
+// The fuzz target's checks, included so that `cargo test` replays `fuzz/{regressions,seeds}/tunnel_send`.
+#[allow(unreachable_pub, dead_code)]
+#[path = "../../../fuzz/src/tunnel_send.rs"]
+mod fuzz_tunnel_send;
+
+#[test]
+fn fuzz_regressions_and_seeds_replay() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    let mut replayed = 0;
+    for kind in ["regressions", "seeds"] {
+        let Ok(entries) = std::fs::read_dir(root.join(kind).join("tunnel_send")) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let data = std::fs::read(entry.path()).unwrap();
+            eprintln!("replaying {}", entry.path().display());
+            fuzz_tunnel_send::check(&data);
+            replayed += 1;
+        }
+    }
+    assert!(replayed > 0, "no seeds found under fuzz/");
+}
