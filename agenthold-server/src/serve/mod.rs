@@ -5,7 +5,7 @@
 //!
 //! Start: load the configuration (no port is bound before it is valid), open the store, build the runtime
 //! (which reconciles: running sandboxes keep their egress and tunnel, S12), mark execs that a previous
-//! server left running as `lost`, bind the admin socket and the listener, and print the one-time local
+//! server left running as `lost` (and the runs on them), bind the admin socket and the listener, and print the one-time local
 //! admin link when there are no users yet. Stop (SIGTERM, SIGINT): streams end with their `end` event,
 //! in-flight requests get 10 s, then the gateway stops. Sandboxes keep running; the next start takes them
 //! over.
@@ -17,6 +17,7 @@ mod execs;
 mod login;
 mod providers;
 mod records;
+mod runs;
 mod secrets;
 mod state;
 mod ui;
@@ -111,6 +112,14 @@ impl Server {
         if lost > 0 {
             tracing::info!(lost, "execs left running by the previous server are marked lost");
         }
+        let runs = runs::Runs::new(Arc::clone(&execs), Arc::clone(&store));
+        let lost = runs
+            .reconcile()
+            .await
+            .map_err(|e| anyhow::anyhow!("reconcile the runs of the previous server: {e}"))?;
+        if lost > 0 {
+            tracing::info!(lost, "runs left running by the previous server are marked lost");
+        }
         let state = AppState::new(Shared {
             runtime,
             authz: Arc::new(RoleAuthz::new(Arc::clone(&dir))),
@@ -127,6 +136,7 @@ impl Server {
             edits: tokio::sync::Mutex::new(()),
             agents_gone: state::AgentSignals::default(),
             execs,
+            runs,
             providers,
         });
         secrets::reconcile(&state).await;

@@ -551,6 +551,7 @@ async fn delete_agent(
     crate::serve::secrets::forget_agent(state.store.as_ref(), &agent).await;
     state.agents_gone.fire(&agent);
     state.execs.forget_agent(&agent).await?;
+    state.runs.forget_agent(&agent).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
