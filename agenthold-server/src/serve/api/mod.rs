@@ -16,6 +16,7 @@ mod files;
 mod health;
 mod json;
 mod me;
+mod messages;
 mod policy;
 mod requests;
 mod roles;
@@ -93,6 +94,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(requests::routes())
         .merge(suggestions::routes())
         .merge(execs::routes())
+        .merge(messages::routes())
         .merge(files::routes())
         .merge(terminal::routes())
 }
