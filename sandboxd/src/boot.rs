@@ -11,7 +11,7 @@ use nix::unistd::Pid;
 
 use crate::layout::{BOOT_FILE, Layout, RUN_DIR};
 use crate::signals::Signals;
-use crate::{ca, log, spawn, token, tunnel};
+use crate::{ca, log, relay, spawn, token, tunnel};
 
 /// Default wait for the boot file (`AGENTHOLD_BOOT_WAIT_MS` overrides it in tests).
 const BOOT_WAIT_MS: u64 = 30_000;
@@ -122,14 +122,25 @@ pub(crate) fn boot(layout: &Layout, argv: &[OsString]) -> i32 {
         log!("boot: CA: {problem}");
     }
 
-    match tunnel::TunnelConfig::from_env(token) {
+    let tunnel = match tunnel::TunnelConfig::from_env(token) {
         Ok(Some(cfg)) => {
-            if let Err(err) = tunnel::spawn(cfg) {
+            if let Err(err) = tunnel::spawn(cfg.clone()) {
                 log!("boot: cannot start the tunnel thread: {err}");
             }
+            Some(cfg)
         }
-        Ok(None) => log!("boot: AGENTHOLD_TUNNEL is not set: no tunnel"),
-        Err(err) => log!("boot: no tunnel: {err}"),
+        Ok(None) => {
+            log!("boot: AGENTHOLD_TUNNEL is not set: no tunnel");
+            None
+        }
+        Err(err) => {
+            log!("boot: no tunnel: {err}");
+            None
+        }
+    };
+    // Agent messages (P3): `agenthold-send` reaches PID 1 here; never fatal.
+    if let Err(err) = relay::spawn(layout, tunnel) {
+        log!("boot: agent messages unavailable: {err}");
     }
 
     clear_run_records(layout);

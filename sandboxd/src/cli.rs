@@ -6,12 +6,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use sandboxd::contract::command;
+use sandboxd::contract::tunnel::Harness;
 
 /// The synopsis printed with usage errors and `--help`.
 pub(crate) const USAGE: &str = "sandboxd [--root DIR] hold
 sandboxd [--root DIR] boot [--] [CMD ARG...]
 sandboxd [--root DIR] run [--timeout-ms N] [--id ID] [--] ARGV...
 sandboxd [--root DIR] kill --id ID
+sandboxd [--root DIR] send [--harness claude|codex] [--] AGENT_NAME PROMPT|-
+agenthold-send [--harness claude|codex] [--] AGENT_NAME PROMPT|-
 sandboxd --version | --help";
 
 /// A parsed command line.
@@ -40,6 +43,8 @@ pub(crate) enum Command {
         /// The exec id given to `run --id`.
         id: String,
     },
+    /// `send [--harness H] AGENT PROMPT` (or the program called as `agenthold-send`): message another agent.
+    Send(SendOptions),
     /// `--version`.
     Version,
     /// `--help`.
@@ -55,6 +60,17 @@ pub(crate) struct RunOptions {
     pub(crate) id: Option<String>,
     /// The command and its arguments; never empty.
     pub(crate) argv: Vec<OsString>,
+}
+
+/// Arguments of `send`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct SendOptions {
+    /// `--harness` (default `claude`).
+    pub(crate) harness: Harness,
+    /// The target agent's name, as it is in the workspace.
+    pub(crate) name: String,
+    /// The prompt, or `None` for `-` (read from stdin).
+    pub(crate) prompt: Option<String>,
 }
 
 /// A usage error.
@@ -156,6 +172,7 @@ pub(crate) fn parse(args: Vec<OsString>) -> Result<Invocation, UsageError> {
             command::KILL => Command::Kill {
                 id: parse_kill(&mut rest).map_err(UsageError::new)?,
             },
+            command::SEND => Command::Send(parse_send(&mut rest).map_err(UsageError::new)?),
             other => return Err(UsageError::new(format!("unknown subcommand {other:?}"))),
         };
         return Ok(Invocation { root, command });
@@ -202,6 +219,40 @@ fn parse_run(rest: &mut std::vec::IntoIter<OsString>) -> Result<RunOptions, Stri
         return Err("run: missing command".to_owned());
     }
     Ok(opts)
+}
+
+/// Parses the arguments of `send` (also the whole command line of `agenthold-send`).
+pub(crate) fn parse_send(rest: &mut std::vec::IntoIter<OsString>) -> Result<SendOptions, String> {
+    let mut harness = Harness::Claude;
+    let mut positional: Vec<String> = Vec::new();
+    let mut options_done = false;
+    while let Some(arg) = rest.next() {
+        let text = arg
+            .into_string()
+            .map_err(|a| format!("send: argument {a:?} is not UTF-8"))?;
+        if options_done || positional.len() == 1 || text == "-" || !text.starts_with('-') {
+            positional.push(text);
+            continue;
+        }
+        match split_option(&text) {
+            ("--", None) => options_done = true,
+            (command::OPT_HARNESS, inline) => {
+                let value = option_value(command::OPT_HARNESS, inline, rest)?;
+                harness = Harness::parse(&value)
+                    .ok_or_else(|| format!("send: --harness {value:?}: expected claude or codex"))?;
+            }
+            _ => return Err(format!("send: unknown option {text}")),
+        }
+    }
+    let mut positional = positional.into_iter();
+    let (Some(name), Some(prompt), None) = (positional.next(), positional.next(), positional.next()) else {
+        return Err("send: expected AGENT_NAME and PROMPT (- reads the prompt from stdin)".to_owned());
+    };
+    Ok(SendOptions {
+        harness,
+        name,
+        prompt: (prompt != "-").then_some(prompt),
+    })
 }
 
 /// Parses `kill --id ID`.
@@ -306,6 +357,41 @@ mod tests {
             &["run", "--bogus", "a"],
         ] {
             assert!(parse(args(bad)).expect_err("rejected").run, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn send_arguments() {
+        let Command::Send(opts) = command(&["send", "--harness=codex", "b", "-"]) else {
+            panic!("not send");
+        };
+        assert_eq!(
+            opts,
+            SendOptions {
+                harness: Harness::Codex,
+                name: "b".into(),
+                prompt: None
+            }
+        );
+        // After the name, everything is the prompt, even what looks like an option.
+        let Command::Send(opts) = command(&["send", "my agent", "--harness"]) else {
+            panic!("not send");
+        };
+        assert_eq!(opts.harness, Harness::Claude);
+        assert_eq!(opts.name, "my agent");
+        assert_eq!(opts.prompt.as_deref(), Some("--harness"));
+        let Command::Send(opts) = command(&["send", "--", "-n", "p"]) else {
+            panic!("not send");
+        };
+        assert_eq!(opts.name, "-n");
+        for bad in [
+            &["send"][..],
+            &["send", "b"],
+            &["send", "b", "p", "q"],
+            &["send", "--harness", "custom", "b", "p"],
+            &["send", "--bogus", "b", "p"],
+        ] {
+            assert!(!parse(args(bad)).expect_err("rejected").run, "{bad:?}");
         }
     }
 

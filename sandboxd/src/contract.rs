@@ -33,6 +33,16 @@ pub const CA_FILE_MODE: u32 = 0o444;
 pub const CA_BUNDLE: &str = in_dir!("ca-bundle.pem");
 /// Records of running `run --id` commands.
 pub const RUN_DIR: &str = in_dir!("run");
+/// The Unix socket `boot` listens on for agent messages ([`tunnel::SEND`] requests from
+/// [`SEND_COMMAND`]); any user of the sandbox may connect (the harness runs as a non-root user that cannot
+/// read the boot token, which never leaves PID 1).
+pub const SEND_SOCKET: &str = in_dir!("send.sock");
+/// Mode of [`SEND_SOCKET`]: every user of the sandbox may connect.
+pub const SEND_SOCKET_MODE: u32 = 0o666;
+/// Where the runtime bind-mounts the sandboxd binary a second time (read-only) so that
+/// `agenthold-send AGENT PROMPT` is on the usual `PATH` of every image; sandboxd dispatches on its
+/// `argv[0]` (see [`command::SEND_NAME`]).
+pub const SEND_COMMAND: &str = "/usr/local/bin/agenthold-send";
 
 /// `IP:PORT` of the runtime's tunnel listener for this sandbox (no names: sandboxd never resolves).
 pub const ENV_TUNNEL: &str = "AGENTHOLD_TUNNEL";
@@ -86,6 +96,12 @@ pub mod command {
     pub const OPT_ID: &str = "--id";
     /// `--timeout-ms N` of `run`.
     pub const OPT_TIMEOUT_MS: &str = "--timeout-ms";
+    /// `send`: `sandboxd send [--harness claude|codex] AGENT PROMPT`, the same as `agenthold-send`.
+    pub const SEND: &str = "send";
+    /// The program name sandboxd answers as `send` when called by it (`argv[0]`'s file name).
+    pub const SEND_NAME: &str = "agenthold-send";
+    /// `--harness claude|codex` of `send`.
+    pub const OPT_HARNESS: &str = "--harness";
 
     /// `SANDBOXD boot`: a sandbox's entrypoint.
     #[must_use]
@@ -143,8 +159,15 @@ pub mod token {
 /// The client sends [`tunnel::hello`]; the server answers [`tunnel::OK`] or [`tunnel::err`]; then the client
 /// sends [`tunnel::PING`] after [`tunnel::PING_EVERY`] of silence and expects [`tunnel::PONG`] within
 /// [`tunnel::REPLY_TIMEOUT`].
+///
+/// Or, on a fresh connection, the first thing after the `OK` is one agent message request
+/// ([`tunnel::SEND`], see [`tunnel::parse_send`]) answered by [`tunnel::started`] or [`tunnel::err`], and the
+/// connection ends: a request connection is not the sandbox's keep-alive tunnel and does not replace it.
 pub mod tunnel {
     use super::Duration;
+
+    mod send;
+    pub use send::*;
 
     /// First word of the hello.
     pub const MAGIC: &str = "AGENTHOLD-TUNNEL";
@@ -246,7 +269,7 @@ mod tests {
 
     #[test]
     fn paths_live_under_the_agenthold_directory() {
-        for path in [SANDBOXD, BOOT_FILE, CA_FILE, CA_BUNDLE, RUN_DIR] {
+        for path in [SANDBOXD, BOOT_FILE, CA_FILE, CA_BUNDLE, RUN_DIR, SEND_SOCKET] {
             assert!(
                 path.starts_with(DIR) && path[DIR.len()..].starts_with('/'),
                 "{path}"

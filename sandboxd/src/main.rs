@@ -12,6 +12,8 @@
 //! sandboxd [--root DIR] boot [--] [CMD ARG...]
 //! sandboxd [--root DIR] run [--timeout-ms N] [--id ID] [--] ARGV...
 //! sandboxd [--root DIR] kill --id ID
+//! sandboxd [--root DIR] send [--harness claude|codex] [--] AGENT_NAME PROMPT|-
+//! agenthold-send [--harness claude|codex] [--] AGENT_NAME PROMPT|-      (the same binary by that name)
 //! sandboxd --version | --help
 //! ```
 //!
@@ -35,6 +37,8 @@
 //!    twice), and copied to `/usr/local/share/ca-certificates/agenthold.crt` when that directory exists.
 //! 3. Tunnel client (S2) on a background thread, started after the CA step (so "tunnel up" implies "CA
 //!    installed"): see below. Skipped, with a message, when `AGENTHOLD_TUNNEL` is unset.
+//!    Then the agent-message relay: a Unix socket at `/.agenthold/send.sock` (mode 0666, replaced at every
+//!    boot) served by a background thread, also without a tunnel (requests are then refused); see `send`.
 //! 4. Stale `/.agenthold/run/*` records of the previous start are removed.
 //! 5. Workload: with `CMD` (looked up in `PATH`), spawns it (inheriting stdio, environment and process group, with
 //!    an empty signal mask), forwards SIGTERM, SIGINT and SIGHUP to it, and exits with its exit code, or 128+N
@@ -75,6 +79,20 @@
 //! (`/.agenthold/run/<ID>.cancel`) that `run` honours (it kills the command, or does not start it: exit 137).
 //! Exit 1 when the record is not a valid process group or the signal is refused; 2 on bad arguments.
 //!
+//! ## `send` / `agenthold-send`: message another agent (P3)
+//! The runtime bind-mounts this binary read-only at `/usr/local/bin/agenthold-send` too; called by that name
+//! (`argv[0]`'s file name) it parses its arguments as `send` does (no `--root`). It asks for a run of
+//! `AGENT_NAME` (an agent of the same workspace) with `PROMPT` (`-`: read from stdin, at most 256 KiB, the
+//! end of stdin within 60 s) on the harness `--harness` (default `claude`). It writes one request to
+//! `/.agenthold/send.sock`: `SEND <harness> <name-bytes> <prompt-bytes>\n<name><prompt>`, and reads one
+//! line: `STARTED <run-id>` (printed on stdout, exit 0) or `ERR <reason>` (printed on stderr, exit 1; also
+//! when PID 1 cannot be reached or does not answer within 90 s). Exit 2 on usage errors (bad option, bad
+//! name). The sender holds no secret and names no sender: `boot` (PID 1, which alone has the boot token)
+//! checks the request, opens a fresh tunnel connection, sends the hello, then the request, and relays the
+//! runtime's answer line (waiting at most 60 s). At most 4 requests are relayed at once (`ERR busy` beyond);
+//! the request line and body must arrive within 30 s. The runtime knows the sender by the tunnel the
+//! request arrives on. The grammar is `sandboxd::contract::tunnel::parse_send`.
+//!
 //! ## `--version`
 //! Prints `sandboxd <version>` on stdout and exits 0.
 //!
@@ -93,7 +111,9 @@ mod boot;
 mod ca;
 mod cli;
 mod layout;
+mod relay;
 mod run;
+mod send;
 mod signals;
 mod spawn;
 mod token;
@@ -103,6 +123,7 @@ use std::io::Write as _;
 
 use cli::Command;
 use layout::Layout;
+use sandboxd::contract::command;
 
 /// Writes one line to stderr, prefixed with `sandboxd: `. Write errors are ignored: a closed stderr must not
 /// take PID 1 (or a running exec) down.
@@ -118,7 +139,24 @@ pub(crate) use log;
 const EXIT_USAGE: i32 = 2;
 
 fn main() {
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let mut args = std::env::args_os();
+    let program = args.next().unwrap_or_default();
+    let args: Vec<std::ffi::OsString> = args.collect();
+    // Multi-call: the same binary is `agenthold-send` when called by that name.
+    if std::path::Path::new(&program).file_name() == Some(std::ffi::OsStr::new(command::SEND_NAME)) {
+        let code = match cli::parse_send(&mut args.into_iter()) {
+            Ok(opts) => send::send(&Layout::new("/".into()), opts),
+            Err(err) => {
+                let _ = writeln!(std::io::stderr().lock(), "agenthold-send: {err}");
+                let _ = writeln!(
+                    std::io::stderr().lock(),
+                    "usage: agenthold-send [--harness claude|codex] [--] AGENT_NAME PROMPT|-"
+                );
+                send::EXIT_USAGE
+            }
+        };
+        std::process::exit(code);
+    }
     let code = match cli::parse(args) {
         Ok(cli::Invocation { root, command }) => dispatch(&Layout::new(root), command),
         Err(err) => {
@@ -149,5 +187,6 @@ fn dispatch(layout: &Layout, command: Command) -> i32 {
         Command::Boot { argv } => boot::boot(layout, &argv),
         Command::Run(opts) => run::run(layout, &opts),
         Command::Kill { id } => run::kill(layout, &id),
+        Command::Send(opts) => send::send(layout, opts),
     }
 }

@@ -80,7 +80,7 @@ impl TunnelConfig {
     }
 
     /// The hello line, newline included. Contains the token: write it to the socket only.
-    fn hello(&self) -> String {
+    pub(crate) fn hello(&self) -> String {
         wire::hello(&self.agent, self.token.expose())
     }
 }

@@ -128,6 +128,14 @@ pub(crate) async fn create(
             read_only: Some(true),
             ..Default::default()
         },
+        // The same binary as `agenthold-send` on the usual PATH (P3): sandboxd dispatches on argv[0].
+        Mount {
+            target: Some(contract::SEND_COMMAND.to_owned()),
+            source: Some(config.sandboxd_path.display().to_string()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
+            ..Default::default()
+        },
     ];
     let body = ContainerCreateBody {
         image: Some(spec.image().to_owned()),

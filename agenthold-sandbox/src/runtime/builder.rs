@@ -18,7 +18,7 @@ use super::pool::Pool;
 use super::records::{self, secret_id};
 use crate::docker::DockerSandbox;
 use crate::error::{Error, Result};
-use crate::tunnel::{TunnelLimits, TunnelServer};
+use crate::tunnel::{AgentMessages, TunnelLimits, TunnelServer};
 
 /// Builds a sandbox runtime from the runtime's parts.
 type SandboxFactory = Box<dyn FnOnce(&SandboxContext) -> Arc<dyn Sandbox> + Send>;
@@ -51,6 +51,7 @@ pub struct RuntimeBuilder {
     dangerous: Dangerous,
     warm_pool: Option<usize>,
     tunnel_limits: Option<TunnelLimits>,
+    agent_messages: Option<Arc<dyn AgentMessages>>,
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -142,6 +143,15 @@ impl RuntimeBuilder {
         self
     }
 
+    /// What an agent's `agenthold-send` does (P3): the hook gets the sender (known by its tunnel), the
+    /// target's name, the harness and the prompt, and returns the started run's id or a reason. Default:
+    /// every message is refused ("agent messages are not enabled").
+    #[must_use]
+    pub fn agent_messages(mut self, hook: Arc<dyn AgentMessages>) -> Self {
+        self.agent_messages = Some(hook);
+        self
+    }
+
     /// Budgets of the tunnel listeners (default [`TunnelLimits::default`]; see `docs/runtime.md`).
     #[must_use]
     pub fn tunnel_limits(mut self, limits: TunnelLimits) -> Self {
@@ -200,7 +210,10 @@ impl RuntimeBuilder {
             injector,
             ..
         } = egress.build()?;
-        let tunnel = TunnelServer::with_limits(self.tunnel_limits.unwrap_or_default());
+        let tunnel = match self.agent_messages {
+            Some(hook) => TunnelServer::with_messages(self.tunnel_limits.unwrap_or_default(), hook),
+            None => TunnelServer::with_limits(self.tunnel_limits.unwrap_or_default()),
+        };
         let cancel = CancellationToken::new();
         let context = SandboxContext {
             config: config.clone(),

@@ -65,6 +65,10 @@ pub struct TunnelCounters {
     pub refused_token: u64,
     /// Failed accepts (for instance when the process is out of descriptors).
     pub accept_errors: u64,
+    /// Agent message requests (`SEND`) after an accepted hello, ever (refused ones included).
+    pub requests: u64,
+    /// Of those, the ones refused as malformed before the runtime's hook saw them.
+    pub requests_malformed: u64,
 }
 
 impl TunnelCounters {
@@ -244,6 +248,19 @@ impl Budget {
             agent: agent.clone(),
             shared,
         })
+    }
+
+    /// Count an agent message request; `malformed` when it was refused before the hook.
+    pub(super) fn count_request(&self, agent: &AgentId, malformed: bool) {
+        let mut guard = self.lock();
+        let book = &mut *guard;
+        let agent_counters = book.agents.get_mut(agent).map(|a| &mut a.counters);
+        for c in [Some(&mut book.total), agent_counters].into_iter().flatten() {
+            c.requests += 1;
+            if malformed {
+                c.requests_malformed += 1;
+            }
+        }
     }
 
     /// Count a tunnel that came up.

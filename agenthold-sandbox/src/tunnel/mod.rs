@@ -8,7 +8,9 @@
 //!
 //! Protocol (line based, defined once in [`sandboxd::contract::tunnel`]): `AGENTHOLD-TUNNEL 1 <agent> <64 hex>\n`
 //! → `OK\n` | `ERR <reason>\n`; then `PING\n` → `PONG\n` every few seconds. The tunnel carries identity and
-//! liveness; commands and files go through the engine API.
+//! liveness; commands and files go through the engine API. A fresh connection may instead carry one agent
+//! message (`SEND …`, P3) right after its `OK`, handed to the embedder's [`AgentMessages`] with the
+//! listener's agent as the sender ([`messages`]); such a connection never becomes the keep-alive tunnel.
 //!
 //! The listener is reachable by untrusted code (E20): connections are budgeted per agent and in all, with a
 //! reserve per agent ([`TunnelLimits`]), a hello must arrive within a few seconds, every write has a
@@ -17,6 +19,7 @@
 // enforces: S2
 
 mod budget;
+mod messages;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -31,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use budget::{Budget, Refusal, Slot};
 pub use budget::{TunnelCounters, TunnelLimits};
+pub use messages::{AgentMessages, MessageHarness, NoAgentMessages};
 
 /// Longest hello line accepted.
 const MAX_LINE: usize = wire::MAX_LINE;
@@ -69,7 +73,8 @@ struct AgentTunnel {
     token_hash: Option<[u8; 32]>,
     /// When the current tunnel last spoke.
     last_seen: Option<Instant>,
-    /// Incremented per accepted tunnel, so an old connection does not clear a newer one's state.
+    /// Incremented per new boot, revocation and keep-alive tunnel (at its first `PING`), so an old
+    /// connection does not clear a newer one's state.
     generation: u64,
 }
 
@@ -82,11 +87,22 @@ pub enum TunnelStatus {
     Disconnected,
 }
 
+/// The embedder's agent message hook.
+#[derive(Clone)]
+struct Hook(Arc<dyn AgentMessages>);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentMessages")
+    }
+}
+
 /// Tunnel state of every agent.
 #[derive(Debug)]
 pub struct TunnelServer {
     agents: Mutex<HashMap<AgentId, AgentTunnel>>,
     budget: Arc<Budget>,
+    messages: Hook,
 }
 
 impl Default for TunnelServer {
@@ -94,6 +110,7 @@ impl Default for TunnelServer {
         Self {
             agents: Mutex::new(HashMap::new()),
             budget: Budget::new(TunnelLimits::default()),
+            messages: Hook(Arc::new(NoAgentMessages)),
         }
     }
 }
@@ -108,9 +125,16 @@ impl TunnelServer {
     /// An empty server with these limits.
     #[must_use]
     pub fn with_limits(limits: TunnelLimits) -> Arc<Self> {
+        Self::with_messages(limits, Arc::new(NoAgentMessages))
+    }
+
+    /// An empty server with these limits that hands agent messages to `messages`.
+    #[must_use]
+    pub fn with_messages(limits: TunnelLimits, messages: Arc<dyn AgentMessages>) -> Arc<Self> {
         Arc::new(Self {
             agents: Mutex::new(HashMap::new()),
             budget: Budget::new(limits),
+            messages: Hook(messages),
         })
     }
 
@@ -209,7 +233,7 @@ impl TunnelServer {
         }
     }
 
-    /// Check a hello line; the generation of the accepted tunnel, or why it is refused.
+    /// Check a hello line; the agent's generation when it was accepted, or why it is refused.
     fn authenticate(&self, agent: &AgentId, line: &str) -> Result<u64, Refusal> {
         let hello = wire::parse_hello(line).map_err(|_| Refusal::BadHello)?;
         if hello.agent != agent.as_str() {
@@ -228,9 +252,23 @@ impl TunnelServer {
         {
             return Err(Refusal::BadToken);
         }
-        t.generation += 1;
+        // The boot is alive; whether this connection becomes its keep-alive tunnel (and replaces an older
+        // one) is decided by its first line: a `PING` claims, a `SEND` does not.
         t.last_seen = Some(Instant::now());
         Ok(t.generation)
+    }
+
+    /// Make the connection authenticated at `generation` the agent's keep-alive tunnel; the new generation,
+    /// or `None` when the token changed since the hello.
+    fn claim(&self, agent: &AgentId, generation: u64) -> Option<u64> {
+        let mut agents = self.lock();
+        let t = agents.get_mut(agent)?;
+        if t.generation != generation || t.token_hash.is_none() {
+            return None;
+        }
+        t.generation += 1;
+        t.last_seen = Some(Instant::now());
+        Some(t.generation)
     }
 
     /// One connection, holding `_slot` of the agent's budget until it ends.
@@ -266,11 +304,30 @@ impl TunnelServer {
         if !send(&mut write, wire::line(wire::OK).as_bytes()).await {
             return;
         }
+        // The first line decides: one agent message, or the keep-alive tunnel.
+        line.clear();
+        match tokio::time::timeout(LIVENESS, (&mut reader).take(limit).read_line(&mut line)).await {
+            Ok(Ok(n)) if n > 0 && n <= MAX_LINE && messages::is_request(&line) => {
+                let request = line.strip_suffix('\n').unwrap_or(&line);
+                let answer =
+                    messages::serve(&*self.messages.0, &self.budget, agent, request, &mut reader).await;
+                let _ = send(&mut write, answer.as_bytes()).await;
+                return;
+            }
+            Ok(Ok(n)) if n > 0 && n <= MAX_LINE && line.trim_end() == wire::PING => {}
+            _ => return,
+        }
+        let Some(generation) = self.claim(agent, generation) else {
+            return;
+        };
+        let mut first = true;
         loop {
-            line.clear();
-            match tokio::time::timeout(LIVENESS, (&mut reader).take(limit).read_line(&mut line)).await {
-                Ok(Ok(n)) if n > 0 && n <= MAX_LINE && line.trim_end() == wire::PING => {}
-                _ => break,
+            if !std::mem::take(&mut first) {
+                line.clear();
+                match tokio::time::timeout(LIVENESS, (&mut reader).take(limit).read_line(&mut line)).await {
+                    Ok(Ok(n)) if n > 0 && n <= MAX_LINE && line.trim_end() == wire::PING => {}
+                    _ => break,
+                }
             }
             {
                 let mut agents = self.lock();
@@ -305,3 +362,6 @@ async fn send(write: &mut tokio::net::tcp::OwnedWriteHalf, bytes: &[u8]) -> bool
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod messages_tests;

@@ -16,6 +16,7 @@ mod labels;
 mod leaks;
 mod lifecycle;
 mod live_secrets;
+mod messages;
 mod pool;
 mod probe;
 mod reconcile;

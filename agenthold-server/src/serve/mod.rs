@@ -15,6 +15,7 @@ pub(crate) mod admin;
 mod api;
 mod execs;
 mod login;
+mod messages;
 mod providers;
 mod records;
 mod runs;
@@ -79,15 +80,17 @@ impl Server {
         providers::Providers::from_config(&config)?;
         let data_dir = config.data_dir()?;
         let store: Arc<dyn Store> = Arc::new(RedbStore::open_in_data_dir(&data_dir)?);
+        let hook = Arc::new(messages::MessageHook::default());
         let runtime = Runtime::builder()
             .config(config.clone())
             .data_dir(&data_dir)
             .store(Arc::clone(&store))
             .dangerous(dangerous)
+            .agent_messages(Arc::clone(&hook) as Arc<dyn agenthold_sandbox::tunnel::AgentMessages>)
             .build()
             .await
             .context("start the sandbox runtime")?;
-        Self::with_runtime(config, runtime, store).await
+        Self::build(config, runtime, store, Some(&hook)).await
     }
 
     /// Build the server around a runtime built elsewhere (a custom [`Sandbox`](agenthold_core::Sandbox),
@@ -96,6 +99,16 @@ impl Server {
     /// # Errors
     /// When the store cannot be read.
     pub async fn with_runtime(config: Config, runtime: Runtime, store: Arc<dyn Store>) -> Result<Self> {
+        Self::build(config, runtime, store, None).await
+    }
+
+    /// [`Server::with_runtime`]; agent messages (P3) are delivered when the runtime was built with `hook`.
+    async fn build(
+        config: Config,
+        runtime: Runtime,
+        store: Arc<dyn Store>,
+        hook: Option<&messages::MessageHook>,
+    ) -> Result<Self> {
         let data_dir = config.data_dir()?;
         let dir = Arc::new(Directory::new(Arc::clone(&store), config.auth.clone()));
         // The runtime's master key (the runtime created the key file if there was none).
@@ -142,6 +155,9 @@ impl Server {
             providers,
         });
         secrets::reconcile(&state).await;
+        if let Some(hook) = hook {
+            hook.bind(&state);
+        }
         Ok(Self { state, data_dir })
     }
 

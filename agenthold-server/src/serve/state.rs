@@ -96,6 +96,16 @@ impl AppState {
         Self(Arc::new(shared))
     }
 
+    /// A weak handle, for parts the state itself owns (the runtime's agent message hook).
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<Shared> {
+        Arc::downgrade(&self.0)
+    }
+
+    /// The state behind a weak handle, while the server lives.
+    pub(crate) fn upgrade(weak: &std::sync::Weak<Shared>) -> Option<Self> {
+        weak.upgrade().map(Self)
+    }
+
     /// Whether the public URL is HTTPS (session cookies get `Secure` and the `__Host-` prefix).
     pub(crate) fn https(&self) -> bool {
         self.public_url.starts_with("https://")

@@ -7,6 +7,7 @@
 mod boot;
 mod docker;
 mod run;
+mod send;
 mod tunnel;
 
 use std::path::{Path, PathBuf};

@@ -16,7 +16,7 @@ fn expected_hello() -> String {
 }
 
 /// A tunnel server socket on loopback and a booted sandboxd pointed at it (no workload).
-fn boot_against_server(extra_env: &[(&str, &str)]) -> (TcpListener, Guard, Root) {
+pub(crate) fn boot_against_server(extra_env: &[(&str, &str)]) -> (TcpListener, Guard, Root) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let root = Root::new();
     root.write(BOOT_FILE, TOKEN);
@@ -37,7 +37,7 @@ fn boot_against_server(extra_env: &[(&str, &str)]) -> (TcpListener, Guard, Root)
 }
 
 /// Accepts the next connection (10 s at most) and returns a line reader and a writer for it.
-fn accept(listener: &TcpListener) -> (BufReader<TcpStream>, TcpStream) {
+pub(crate) fn accept(listener: &TcpListener) -> (BufReader<TcpStream>, TcpStream) {
     listener.set_nonblocking(true).unwrap();
     let start = std::time::Instant::now();
     let stream = loop {
@@ -59,14 +59,14 @@ fn accept(listener: &TcpListener) -> (BufReader<TcpStream>, TcpStream) {
 }
 
 /// Reads one line (with its newline).
-fn line(reader: &mut BufReader<TcpStream>) -> String {
+pub(crate) fn line(reader: &mut BufReader<TcpStream>) -> String {
     let mut line = String::new();
     reader.read_line(&mut line).unwrap();
     line
 }
 
 /// Stops sandboxd with SIGTERM and returns its stderr.
-fn stop(mut guard: Guard) -> String {
+pub(crate) fn stop(mut guard: Guard) -> String {
     guard.signal(Signal::SIGTERM);
     assert_eq!(guard.wait_for(Duration::from_secs(5)).code(), Some(0));
     let mut stderr = String::new();

@@ -553,6 +553,7 @@ async fn delete_agent(
     state.agents_gone.fire(&agent);
     state.execs.forget_agent(&agent).await?;
     state.runs.forget_agent(&agent).await?;
+    crate::serve::messages::store::forget_agent(state.store.as_ref(), &agent).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

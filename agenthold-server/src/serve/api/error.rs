@@ -47,6 +47,11 @@ impl ApiError {
         }
     }
 
+    /// What went wrong, for a human (the problem's `detail`).
+    pub(crate) fn detail(&self) -> &str {
+        &self.detail
+    }
+
     /// The HTTP status this error answers with.
     pub(crate) fn status(&self) -> StatusCode {
         self.status

@@ -16,6 +16,7 @@ mod files;
 mod health;
 mod json;
 mod me;
+mod messages;
 mod policy;
 mod requests;
 mod roles;
@@ -97,6 +98,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(suggestions::routes())
         .merge(execs::routes())
         .merge(runs::routes())
+        .merge(messages::routes())
         .merge(files::routes())
         .merge(terminal::routes())
         .merge(webhooks::routes())
