@@ -4,17 +4,32 @@ export type Route =
   | { page: 'login' }
   | { page: 'workspaces' }
   | { page: 'tokens' }
+  | { page: 'logins' }
   | { page: 'workspace'; ws: string; tab: 'agents' | 'members' | 'secrets' | 'audit' }
   | { page: 'new-agent'; ws: string }
   | {
       page: 'agent';
       ws: string;
       agent: string;
-      tab: 'overview' | 'terminal' | 'execs' | 'files' | 'policy' | 'requests' | 'secrets' | 'grants';
+      tab: AgentTab;
     }
   | { page: 'not-found' };
 
-const agentTabs = ['terminal', 'execs', 'files', 'policy', 'requests', 'secrets', 'grants'] as const;
+const agentTabs = [
+  'terminal',
+  'runs',
+  'execs',
+  'files',
+  'policy',
+  'requests',
+  'secrets',
+  'webhooks',
+  'messages',
+  'grants',
+] as const;
+
+/** An agent page's tab. */
+export type AgentTab = 'overview' | (typeof agentTabs)[number];
 const wsTabs = ['members', 'secrets', 'audit'] as const;
 
 /** The route of a path. */
@@ -23,6 +38,7 @@ export function match(path: string): Route {
   if (parts.length === 0) return { page: 'workspaces' };
   if (parts[0] === 'login' && parts.length === 1) return { page: 'login' };
   if (parts[0] === 'tokens' && parts.length === 1) return { page: 'tokens' };
+  if (parts[0] === 'logins' && parts.length === 1) return { page: 'logins' };
   if (parts[0] === 'w' && parts[1]) {
     const ws = parts[1];
     if (parts.length === 2) return { page: 'workspace', ws, tab: 'agents' };
