@@ -193,7 +193,7 @@ fn a_run_survives_a_disconnect_and_replays_from_last_event_id() {
     std::thread::sleep(Duration::from_millis(900));
     let last = seen.last().unwrap().id.clone();
     let rest = events(&f, &run, Some(&last));
-    let mut all = seen.clone();
+    let mut all = seen;
     all.extend(rest.iter().cloned());
     let numbers: Vec<u64> = all.iter().map(SseEvent::n).collect();
     assert_eq!(
