@@ -13,6 +13,8 @@
 //! - Keys: an agent secret attached with a variable (`ANTHROPIC_API_KEY` with preset `anthropic`,
 //!   `OPENAI_API_KEY` with preset `openai`) puts a placeholder in the run's environment; the gateway
 //!   swaps it for the value in the one header the preset names (`x-api-key`, `authorization`).
+//! - `CODEX_HOME` is not set: codex refuses a `CODEX_HOME` that does not exist yet, and creates its
+//!   default, `$HOME/.codex` = `/workspace/.codex` (where its `auth.json` lives), itself.
 //! - claude refuses `--dangerously-skip-permissions` as root: runs drop to `agent` ([`AS_AGENT`]).
 //! - codex's own sandbox (bubblewrap, landlock) cannot nest in the container, which is the sandbox:
 //!   `--dangerously-bypass-approvals-and-sandbox`. Its built-in OpenAI provider first tries the Responses
@@ -118,7 +120,6 @@ pub(crate) fn env(harness: Harness) -> BTreeMap<String, String> {
         ("HOME", HOME),
         ("USER", "agent"),
         ("LOGNAME", "agent"),
-        ("CODEX_HOME", "/workspace/.codex"),
         ("DISABLE_AUTOUPDATER", "1"),
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
         ("DISABLE_TELEMETRY", "1"),

@@ -147,7 +147,7 @@ impl Harnessed {
             Some(
                 &json!({"argv": full, "stdin": prompt, "timeout": 240, "cwd": HOME,
                          "env": {"HOME": HOME, "USER": "agent", "LOGNAME": "agent",
-                                 "CODEX_HOME": "/workspace/.codex", "DISABLE_AUTOUPDATER": "1",
+                                 "DISABLE_AUTOUPDATER": "1",
                                  "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
                                  "CODEX_CA_CERTIFICATE": "/.agenthold/ca-bundle.pem"}}),
             ),
