@@ -19,6 +19,7 @@ mod me;
 mod policy;
 mod requests;
 mod roles;
+mod runs;
 mod secrets;
 mod sse;
 mod suggestions;
@@ -93,6 +94,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(requests::routes())
         .merge(suggestions::routes())
         .merge(execs::routes())
+        .merge(runs::routes())
         .merge(files::routes())
         .merge(terminal::routes())
 }
