@@ -245,6 +245,27 @@ fn dockerfile(inputs: &str) -> String {
     )
 }
 
+/// An exclusive lock on harness builds using `work_dir` (a file lock, held until dropped): take it before
+/// assembling the context, then check [`current_harness_image`] again, since another process may have
+/// built it meanwhile.
+///
+/// # Errors
+/// [`Error::Io`] when the lock file cannot be created or locked.
+pub async fn lock_harness_build(work_dir: &Path) -> Result<HarnessBuildLock> {
+    tokio::fs::create_dir_all(work_dir)
+        .await
+        .map_err(|e| Error::io(format!("create {}", work_dir.display()), e))?;
+    Ok(HarnessBuildLock {
+        _lock: lock_file(work_dir.join("harness-image.lock")).await?,
+    })
+}
+
+/// The lock [`lock_harness_build`] holds.
+#[derive(Debug)]
+pub struct HarnessBuildLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
 /// Build `agenthold/harness:latest` from `context`, a directory holding the verified binaries named as
 /// [`binary_names`] (this writes the Dockerfile beside them). The dev image must exist; the
 /// build runs without network and never pulls. Returns the tagged image; the image the tag named before is
@@ -255,7 +276,6 @@ fn dockerfile(inputs: &str) -> String {
 /// [`Error::Io`] for local files; [`Error::Engine`] when the engine fails.
 pub async fn build_harness_image(docker: &Docker, context: &Path) -> Result<ImageRef> {
     let _guard = BUILD_LOCK.lock().await;
-    let _file_lock = lock_file(context.with_extension("lock")).await?;
     let Some((dev_id, _)) = inspect(docker, DEV_IMAGE).await? else {
         return Err(Error::Unavailable {
             problem: format!("{DEV_IMAGE} is missing: build it first (`agenthold image build-dev`)"),
