@@ -177,7 +177,7 @@ pub async fn extract_binary(tgz: &Path, member: &str, dest: &Path) -> Result<()>
         .output()
         .await
         .map_err(|e| Error::io("run tar", e))?;
-    let size = tokio::fs::metadata(dest).await.map(|m| m.len()).unwrap_or(0);
+    let size = tokio::fs::metadata(dest).await.map_or(0, |m| m.len());
     if !output.status.success() || size == 0 {
         let _ = tokio::fs::remove_file(dest).await;
         return Err(Error::Unavailable {

@@ -135,7 +135,7 @@ impl Harnessed {
         agent
     }
 
-    /// `POST …/runs` with `harness`, `prompt` (and `model`), then its events until `end` (each printed).
+    /// `POST …/runs` with `harness`, `prompt` (and `model`), then its events until `end`.
     fn run(&self, agent: &str, harness: &str, prompt: &str, model: Option<&str>) -> (Value, Vec<Event>) {
         let mut body = json!({"harness": harness, "prompt": prompt});
         if let Some(m) = model {
@@ -158,7 +158,6 @@ impl Harnessed {
         assert_eq!(sse.status, 200);
         let mut events = Vec::new();
         while let Some(e) = sse.next(Duration::from_secs(240)) {
-            println!("{} {}", e.event, e.data);
             let end = e.event == "end";
             events.push(e);
             if end {
