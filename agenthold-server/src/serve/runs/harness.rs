@@ -165,4 +165,33 @@ mod tests {
         assert_eq!(env(Harness::Claude).get("HOME").map(String::as_str), Some(HOME));
         assert!(env(Harness::Custom).is_empty());
     }
+
+    #[test]
+    fn codex_streams_over_https_only_and_trusts_the_sandbox_bundle() {
+        let codex = argv(Harness::Codex, &HarnessArgs::default());
+        assert!(
+            codex
+                .iter()
+                .any(|a| a == "--dangerously-bypass-approvals-and-sandbox")
+        );
+        let provider = codex
+            .windows(2)
+            .find(|w| w[0] == "-c" && w[1].starts_with("model_providers."))
+            .map(|w| w[1].clone())
+            .unwrap_or_default();
+        assert!(provider.contains("supports_websockets=false"), "{provider}");
+        assert!(
+            provider.contains("base_url=\"https://api.openai.com/v1\""),
+            "{provider}"
+        );
+        assert!(provider.contains("env_key=\"OPENAI_API_KEY\""), "{provider}");
+        let env = env(Harness::Codex);
+        assert_eq!(
+            env.get("CODEX_CA_CERTIFICATE").map(String::as_str),
+            Some(sandboxd::contract::CA_BUNDLE)
+        );
+        // codex refuses a CODEX_HOME that does not exist yet; its default is $HOME/.codex.
+        assert!(!env.contains_key("CODEX_HOME"));
+        assert_eq!(env.get("USER").map(String::as_str), Some("agent"));
+    }
 }
