@@ -9,6 +9,7 @@
 //! ([`verify_integrity`]), takes the binary out ([`extract_binary`]) and builds ([`build_harness_image`]).
 //! Reuse follows the dev image's rule: the label [`INPUTS_LABEL`] is the SHA-256 of the dev image's id,
 //! the packages with their integrity, and the recipe.
+// enforces: P1
 
 use std::path::Path;
 use std::time::Instant;
