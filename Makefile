@@ -4,14 +4,19 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ADVISORY_DB ?= ../shared/advisory-db
 
-.PHONY: dev quickstart test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz ui ui-test browser-test
+.PHONY: harness-image dev quickstart test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz ui ui-test browser-test
 
 ## dev: the reference server on a throwaway data directory with a demo workspace and agent made through the
-## API; it prints the local admin link and a token. Ctrl-C removes everything it made. Builds the dev image
-## once (about a minute). `make quickstart` runs the embedded-runtime quickstart instead.
-dev: deps-dev ui
-	$(CARGO) run -q -p agenthold-server -- image build-dev
+## API; it prints the local admin link and a token, and streams one Claude Code run against the local provider
+## stand-in (no account needed). Ctrl-C removes everything it made. Builds the dev and harness images once. `make quickstart` runs the embedded-runtime quickstart instead.
+dev: deps-dev ui harness-image
 	./scripts/dev-server.sh
+
+## harness-image: agenthold/harness:latest (the dev image, built first when missing, plus the pinned claude and
+## codex binaries from npm, sha512-checked). Reused in a fraction of a second when current; the first build
+## downloads ~360 MB and takes a few minutes.
+harness-image: deps-dev
+	$(CARGO) run -q -p agenthold-server -- image build-harness
 
 ## quickstart: the embedded default: a Runtime, one sandbox with an allowlist and a secret, a command against
 ## a local upstream, and the request log.
@@ -45,7 +50,7 @@ audit:
 	if [ -d "$(ADVISORY_DB)" ]; then $(CARGO) audit --db $(ADVISORY_DB) --no-fetch --stale; else $(CARGO) audit; fi
 
 ## unit: every Rust test, including the ones marked #[ignore] because they need root, Docker or nftables.
-unit:
+unit: harness-image
 	$(CARGO) test --workspace -- --include-ignored
 	$(CARGO) test -p agenthold-core --features sled -- --include-ignored
 

@@ -15,7 +15,7 @@ use std::time::Instant;
 use agenthold_core::Config;
 use agenthold_sandbox::docker::harness_image::{
     DEFAULT_REGISTRY, HARNESS_IMAGE, HARNESS_PACKAGES, build_harness_image, current_harness_image,
-    extract_binary,
+    extract_binary, lock_harness_build,
 };
 use agenthold_sandbox::docker::image::{
     DEV_IMAGE, DevImageOptions, ImageRef, current_dev_image, ensure_dev_image,
@@ -164,6 +164,13 @@ async fn build_harness(args: &BuildHarnessArgs) -> Result<(), Failure> {
         eprintln!("agenthold image: building {DEV_IMAGE} first, with debootstrap (about a minute)…");
     }
     ensure_dev_image(&docker, &images, &dev_opts).await?;
+    if !args.force
+        && let Some(image) = current_harness_image(&docker).await?
+    {
+        return print_outcome("reused", &image, started);
+    }
+    // Another build (a parallel test, a second terminal) may finish while this one waits for the lock.
+    let _lock = lock_harness_build(&images).await?;
     let before = current_harness_image(&docker).await?;
     if let Some(image) = before.as_ref().filter(|_| !args.force) {
         return print_outcome("reused", image, started);

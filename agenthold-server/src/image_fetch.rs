@@ -161,3 +161,100 @@ fn tls_connector() -> anyhow::Result<tokio_rustls::TlsConnector> {
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use tokio::io::AsyncReadExt as _;
+
+    use super::*;
+
+    /// sha512 of `b"tarball-bytes"`, as npm writes an integrity.
+    fn integrity_of(bytes: &[u8]) -> String {
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        format!(
+            "sha512-{}",
+            base64::engine::general_purpose::STANDARD.encode(sha2::Sha512::digest(bytes))
+        )
+    }
+
+    /// A loopback registry answering every request with `body` (after a redirect when `redirect`).
+    async fn registry(body: &'static [u8], redirect: bool) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&hits);
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let head = if redirect && n == 0 {
+                    format!(
+                        "HTTP/1.1 302 Found\r\nlocation: http://{addr}/moved.tgz\r\ncontent-length: 0\r\n\r\n"
+                    )
+                } else {
+                    format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len())
+                };
+                let _ = s.write_all(head.as_bytes()).await;
+                let _ = s.write_all(body).await;
+            }
+        });
+        (format!("http://{addr}"), hits)
+    }
+
+    fn package(integrity: &'static str) -> HarnessPackage {
+        HarnessPackage {
+            package: "@test/pkg",
+            version: "1.0.0",
+            integrity,
+            binaries: &[("package/bin", "bin")],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tarball_is_kept_only_when_it_matches_the_pinned_integrity() {
+        let dir = tempfile::tempdir().unwrap();
+        let good: &'static str = Box::leak(integrity_of(b"tarball-bytes").into_boxed_str());
+        // Served bytes that do not match: refused, nothing kept (not even the partial file).
+        let (bad_registry, _) = registry(b"tampered-bytes", false).await;
+        let err = cached_tarball(&bad_registry, &package(good), dir.path())
+            .await
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("integrity mismatch"), "{err:#}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+
+        // The right bytes, behind a redirect: kept; the second call uses the cache without a request.
+        let (registry_url, hits) = registry(b"tarball-bytes", true).await;
+        let (path, fetched) = cached_tarball(&registry_url, &package(good), dir.path())
+            .await
+            .unwrap();
+        assert!(fetched);
+        assert_eq!(std::fs::read(&path).unwrap(), b"tarball-bytes");
+        assert_eq!(path.file_name().unwrap(), "pkg-1.0.0.tgz");
+        let before = hits.load(std::sync::atomic::Ordering::SeqCst);
+        let (_, fetched) = cached_tarball(&registry_url, &package(good), dir.path())
+            .await
+            .unwrap();
+        assert!(!fetched);
+        assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), before);
+
+        // A cached file changed on disk is not trusted: fetched again.
+        std::fs::write(&path, b"changed on disk").unwrap();
+        let (_, fetched) = cached_tarball(&registry_url, &package(good), dir.path())
+            .await
+            .unwrap();
+        assert!(fetched);
+        assert_eq!(std::fs::read(&path).unwrap(), b"tarball-bytes");
+    }
+
+    #[tokio::test]
+    async fn other_schemes_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = cached_tarball("ftp://example.test", &package("sha512-x"), dir.path())
+            .await
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("http:// or https://"), "{err:#}");
+    }
+}

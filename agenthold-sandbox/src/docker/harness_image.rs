@@ -9,6 +9,7 @@
 //! ([`verify_integrity`]), takes the binary out ([`extract_binary`]) and builds ([`build_harness_image`]).
 //! Reuse follows the dev image's rule: the label [`INPUTS_LABEL`] is the SHA-256 of the dev image's id,
 //! the packages with their integrity, and the recipe.
+// enforces: P1
 
 use std::path::Path;
 use std::time::Instant;
@@ -177,7 +178,7 @@ pub async fn extract_binary(tgz: &Path, member: &str, dest: &Path) -> Result<()>
         .output()
         .await
         .map_err(|e| Error::io("run tar", e))?;
-    let size = tokio::fs::metadata(dest).await.map(|m| m.len()).unwrap_or(0);
+    let size = tokio::fs::metadata(dest).await.map_or(0, |m| m.len());
     if !output.status.success() || size == 0 {
         let _ = tokio::fs::remove_file(dest).await;
         return Err(Error::Unavailable {
@@ -245,6 +246,27 @@ fn dockerfile(inputs: &str) -> String {
     )
 }
 
+/// An exclusive lock on harness builds using `work_dir` (a file lock, held until dropped): take it before
+/// assembling the context, then check [`current_harness_image`] again, since another process may have
+/// built it meanwhile.
+///
+/// # Errors
+/// [`Error::Io`] when the lock file cannot be created or locked.
+pub async fn lock_harness_build(work_dir: &Path) -> Result<HarnessBuildLock> {
+    tokio::fs::create_dir_all(work_dir)
+        .await
+        .map_err(|e| Error::io(format!("create {}", work_dir.display()), e))?;
+    Ok(HarnessBuildLock {
+        _lock: lock_file(work_dir.join("harness-image.lock")).await?,
+    })
+}
+
+/// The lock [`lock_harness_build`] holds.
+#[derive(Debug)]
+pub struct HarnessBuildLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
 /// Build `agenthold/harness:latest` from `context`, a directory holding the verified binaries named as
 /// [`binary_names`] (this writes the Dockerfile beside them). The dev image must exist; the
 /// build runs without network and never pulls. Returns the tagged image; the image the tag named before is
@@ -255,7 +277,6 @@ fn dockerfile(inputs: &str) -> String {
 /// [`Error::Io`] for local files; [`Error::Engine`] when the engine fails.
 pub async fn build_harness_image(docker: &Docker, context: &Path) -> Result<ImageRef> {
     let _guard = BUILD_LOCK.lock().await;
-    let _file_lock = lock_file(context.with_extension("lock")).await?;
     let Some((dev_id, _)) = inspect(docker, DEV_IMAGE).await? else {
         return Err(Error::Unavailable {
             problem: format!("{DEV_IMAGE} is missing: build it first (`agenthold image build-dev`)"),

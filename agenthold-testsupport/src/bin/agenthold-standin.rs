@@ -11,6 +11,7 @@
 //! that file does hold credentials. Runs until killed.
 #![forbid(unsafe_code)]
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +38,7 @@ async fn main() {
             "--plain" => plain = true,
             "--dump" => dump = args.next(),
             "-h" | "--help" => {
-                println!("{USAGE}");
+                say(USAGE);
                 return;
             }
             other => fail(&format!("unknown argument {other:?}")),
@@ -53,7 +54,7 @@ async fn main() {
         Ok(s) => s,
         Err(e) => fail(&format!("bind {listen}: {e}")),
     };
-    println!("listening {}", standin.addr());
+    say(&format!("listening {}", standin.addr()));
     let mut seen = 0;
     loop {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -63,7 +64,7 @@ async fn main() {
                 .iter()
                 .find(|h| r.header(h).is_some())
                 .map_or("no credential header", |h| *h);
-            println!("{} {} {} ({credential})", r.method, r.host, r.path);
+            say(&format!("{} {} {} ({credential})", r.method, r.host, r.path));
         }
         if let Some(dir) = &dump {
             for (i, r) in requests.iter().enumerate().skip(seen) {
@@ -72,6 +73,13 @@ async fn main() {
         }
         seen = requests.len();
     }
+}
+
+/// One line on standard output, flushed (a script waits for `listening …`).
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
 }
 
 fn fail(message: &str) -> ! {

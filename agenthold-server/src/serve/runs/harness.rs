@@ -13,6 +13,8 @@
 //! - Keys: an agent secret attached with a variable (`ANTHROPIC_API_KEY` with preset `anthropic`,
 //!   `OPENAI_API_KEY` with preset `openai`) puts a placeholder in the run's environment; the gateway
 //!   swaps it for the value in the one header the preset names (`x-api-key`, `authorization`).
+//! - `CODEX_HOME` is not set: codex refuses a `CODEX_HOME` that does not exist yet, and creates its
+//!   default, `$HOME/.codex` = `/workspace/.codex` (where its `auth.json` lives), itself.
 //! - claude refuses `--dangerously-skip-permissions` as root: runs drop to `agent` ([`AS_AGENT`]).
 //! - codex's own sandbox (bubblewrap, landlock) cannot nest in the container, which is the sandbox:
 //!   `--dangerously-bypass-approvals-and-sandbox`. Its built-in OpenAI provider first tries the Responses
@@ -118,7 +120,6 @@ pub(crate) fn env(harness: Harness) -> BTreeMap<String, String> {
         ("HOME", HOME),
         ("USER", "agent"),
         ("LOGNAME", "agent"),
-        ("CODEX_HOME", "/workspace/.codex"),
         ("DISABLE_AUTOUPDATER", "1"),
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1"),
         ("DISABLE_TELEMETRY", "1"),
@@ -163,5 +164,34 @@ mod tests {
         assert_eq!(own, custom);
         assert_eq!(env(Harness::Claude).get("HOME").map(String::as_str), Some(HOME));
         assert!(env(Harness::Custom).is_empty());
+    }
+
+    #[test]
+    fn codex_streams_over_https_only_and_trusts_the_sandbox_bundle() {
+        let codex = argv(Harness::Codex, &HarnessArgs::default());
+        assert!(
+            codex
+                .iter()
+                .any(|a| a == "--dangerously-bypass-approvals-and-sandbox")
+        );
+        let provider = codex
+            .windows(2)
+            .find(|w| w[0] == "-c" && w[1].starts_with("model_providers."))
+            .map(|w| w[1].clone())
+            .unwrap_or_default();
+        assert!(provider.contains("supports_websockets=false"), "{provider}");
+        assert!(
+            provider.contains("base_url=\"https://api.openai.com/v1\""),
+            "{provider}"
+        );
+        assert!(provider.contains("env_key=\"OPENAI_API_KEY\""), "{provider}");
+        let env = env(Harness::Codex);
+        assert_eq!(
+            env.get("CODEX_CA_CERTIFICATE").map(String::as_str),
+            Some(sandboxd::contract::CA_BUNDLE)
+        );
+        // codex refuses a CODEX_HOME that does not exist yet; its default is $HOME/.codex.
+        assert!(!env.contains_key("CODEX_HOME"));
+        assert_eq!(env.get("USER").map(String::as_str), Some("agent"));
     }
 }

@@ -6,18 +6,20 @@
 //! with usage, and exits 0; the real key reaches the stand-in only in the header its preset names; the
 //! sandbox never holds it (its whole filesystem is searched, and every process's environment is read
 //! while the harness runs, by the scripted tool itself); the request log shows the calls with
-//! `secret_injected`. Runs are started through the execs API with the argv and environment the runs
-//! module gives each harness (`serve/runs/harness.rs`).
+//! `secret_injected`. Runs go through `POST …/runs`, so the argv and environment are the ones
+//! `serve/runs/harness.rs` gives each harness.
 
 use std::net::IpAddr;
 use std::process::Command;
 use std::sync::Arc;
+use std::time::Duration;
 
 use agenthold_testsupport::standin::{FINAL_TEXT, Routes, Standin, TOOL_OUTPUT};
 use agenthold_testsupport::{TestCa, TestDns};
 use serde_json::{Value, json};
 
 use super::support::{Auth, TestServer};
+use super::world::{Event, Sse};
 
 /// The harness image.
 const IMAGE: &str = "agenthold/harness:latest";
@@ -29,9 +31,6 @@ const TOOL: &str = "echo hello-from-tool; cat /proc/[0-9]*/environ 2>/dev/null |
                     | grep -E '^[A-Z_]*API_KEY=' | sort -u";
 const ANTHROPIC_KEY: &str = "sk-ant-real-7f3a9c2e41d0";
 const OPENAI_KEY: &str = "sk-openai-real-5be81d93aa07";
-
-/// The argv prefix runs use to drop to `agent` (as `serve/runs/harness.rs`).
-const AS_AGENT: [&str; 5] = ["setpriv", "--reuid=agent", "--regid=agent", "--init-groups", "--"];
 
 /// `agenthold image build-harness` (reused when current): the image the tests need.
 fn ensure_image() {
@@ -136,24 +135,84 @@ impl Harnessed {
         agent
     }
 
-    /// Run `argv` (after the drop to `agent`) with the harness environment and `prompt` on stdin.
-    fn run(&self, agent: &str, argv: &[&str], prompt: &str) -> Value {
-        let mut full: Vec<&str> = AS_AGENT.to_vec();
-        full.extend_from_slice(argv);
+    /// `POST …/runs` with `harness`, `prompt` (and `model`), then its events until `end`.
+    fn run(&self, agent: &str, harness: &str, prompt: &str, model: Option<&str>) -> (Value, Vec<Event>) {
+        let mut body = json!({"harness": harness, "prompt": prompt});
+        if let Some(m) = model {
+            body["model"] = json!(m);
+        }
         let r = self.server.call(
             "POST",
-            &self.path(&format!("/agents/{agent}/execs")),
+            &self.path(&format!("/agents/{agent}/runs")),
             &self.alice,
-            Some(
-                &json!({"argv": full, "stdin": prompt, "timeout": 240, "cwd": HOME,
-                         "env": {"HOME": HOME, "USER": "agent", "LOGNAME": "agent",
-                                 "CODEX_HOME": "/workspace/.codex", "DISABLE_AUTOUPDATER": "1",
-                                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-                                 "CODEX_CA_CERTIFICATE": "/.agenthold/ca-bundle.pem"}}),
-            ),
+            Some(&body),
         );
-        assert_eq!(r.status, 200, "{:?}", r.body);
-        r.body
+        assert_eq!(r.status, 202, "{:?}", r.body);
+        let run = r.body["id"].as_str().unwrap().to_owned();
+        let mut sse = Sse::open(
+            &self.server,
+            &self.path(&format!("/agents/{agent}/runs/{run}/events")),
+            &self.alice,
+            &[],
+        );
+        assert_eq!(sse.status, 200);
+        let mut events = Vec::new();
+        while let Some(e) = sse.next(Duration::from_secs(240)) {
+            let end = e.event == "end";
+            events.push(e);
+            if end {
+                break;
+            }
+        }
+        let got = self.server.call(
+            "GET",
+            &self.path(&format!("/agents/{agent}/runs/{run}")),
+            &self.alice,
+            None,
+        );
+        assert_eq!(got.status, 200, "{:?}", got.body);
+        (got.body, events)
+    }
+
+    /// The run streamed a tool call, its result holding [`TOOL_OUTPUT`], a final message, usage, a result
+    /// and `end` with `succeeded`, in that order.
+    fn assert_streamed(&self, run: &Value, events: &[Event]) {
+        let kinds: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+        let at = |kind: &str| {
+            kinds
+                .iter()
+                .position(|k| *k == kind)
+                .unwrap_or_else(|| panic!("no {kind} event in {kinds:?}\n{}", self.server.log()))
+        };
+        let (call, result, end) = (at("tool_call"), at("tool_result"), at("end"));
+        assert!(call < result && result < end, "{kinds:?}");
+        assert!(
+            events[result].data["output"]
+                .as_str()
+                .is_some_and(|o| o.contains(TOOL_OUTPUT)),
+            "{}",
+            events[result].data
+        );
+        let last_message = events
+            .iter()
+            .rev()
+            .find(|e| e.event == "message")
+            .expect("a message");
+        let text = last_message.data["text"].as_str().unwrap_or_default();
+        assert!(
+            text.starts_with(FINAL_TEXT) && text.contains(TOOL_OUTPUT),
+            "{text}"
+        );
+        let usage = events.iter().find(|e| e.event == "usage").expect("usage");
+        assert!(
+            usage.data["output_tokens"].as_u64().unwrap_or(0) > 0,
+            "{}",
+            usage.data
+        );
+        assert_eq!(events[end].data["state"], "succeeded", "{kinds:?}");
+        assert_eq!(events[end].data["exit_code"], 0);
+        assert_eq!(run["state"], "succeeded");
+        assert!(run["usage"]["output_tokens"].as_u64().unwrap_or(0) > 0, "{run}");
     }
 
     /// `sh -c script` in the agent's container as root (`docker exec`): exit code and stdout.
@@ -212,14 +271,6 @@ impl Harnessed {
     }
 }
 
-/// The JSON lines of a harness's stdout.
-fn lines(stdout: &str) -> Vec<Value> {
-    stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
-
 // covers: P1
 #[test]
 #[ignore = "needs root and Docker; make test runs it"]
@@ -263,38 +314,11 @@ fn claude_runs_through_the_gateway_and_never_sees_the_key() {
         ANTHROPIC_KEY,
         "ANTHROPIC_API_KEY",
     );
-    let out = h.run(
-        &agent,
-        &[
-            "claude",
-            "-p",
-            "--output-format",
-            "stream-json",
-            "--verbose",
-            "--dangerously-skip-permissions",
-        ],
-        "Say hello with the Bash tool.",
-    );
-    let stdout = out["stdout"].as_str().unwrap_or_default();
-    assert_eq!(out["exit_code"], 0, "{stdout}\n{}", out["stderr"]);
-    let events = lines(stdout);
-    let tool_use = events
-        .iter()
-        .flat_map(|e| e["message"]["content"].as_array().cloned().unwrap_or_default())
-        .find(|c| c["type"] == "tool_use")
-        .expect("a tool call");
-    assert_eq!(tool_use["name"], "Bash");
-    let result = events.iter().find(|e| e["type"] == "result").expect("a result");
-    let text = result["result"].as_str().unwrap_or_default();
-    assert!(
-        text.starts_with(FINAL_TEXT) && text.contains(TOOL_OUTPUT),
-        "{text}"
-    );
-    assert_eq!(result["is_error"], false);
-    assert!(
-        result["usage"]["output_tokens"].as_u64().unwrap_or(0) > 0,
-        "{result}"
-    );
+    let (run, events) = h.run(&agent, "claude", "Say hello with the Bash tool.", None);
+    h.assert_streamed(&run, &events);
+    let call = events.iter().find(|e| e.event == "tool_call").unwrap();
+    assert_eq!(call.data["name"], "Bash");
+    let all = serde_json::to_string(&events.iter().map(|e| &e.data).collect::<Vec<_>>()).unwrap();
 
     // Upstream: every Messages call carried the real key, as x-api-key, and nothing else did.
     let calls = h.standin.requests_to("/v1/messages");
@@ -314,7 +338,7 @@ fn claude_runs_through_the_gateway_and_never_sees_the_key() {
         "{turn}"
     );
     assert!(!turn.contains(ANTHROPIC_KEY));
-    assert!(!stdout.contains(ANTHROPIC_KEY));
+    assert!(!all.contains(ANTHROPIC_KEY));
     h.assert_sandbox_never_saw(&agent, ANTHROPIC_KEY);
     assert!(h.injected_calls(&agent, "api.anthropic.com") >= 2);
 }
@@ -325,52 +349,11 @@ fn claude_runs_through_the_gateway_and_never_sees_the_key() {
 fn codex_runs_through_the_gateway_and_never_sees_the_key() {
     let h = Harnessed::start();
     let agent = h.agent("api.openai.com", "openai", OPENAI_KEY, "OPENAI_API_KEY");
-    let out = h.run(
-        &agent,
-        &[
-            "codex",
-            "exec",
-            "--json",
-            "--skip-git-repo-check",
-            "--dangerously-bypass-approvals-and-sandbox",
-            "-c",
-            "model_provider=\"agenthold_openai\"",
-            "-c",
-            "model_providers.agenthold_openai={name=\"OpenAI\",base_url=\"https://api.openai.com/v1\",\
-             env_key=\"OPENAI_API_KEY\",wire_api=\"responses\",supports_websockets=false}",
-            "--model",
-            "gpt-5-codex",
-            "-",
-        ],
-        "Say hello with the shell.",
-    );
-    let stdout = out["stdout"].as_str().unwrap_or_default();
-    assert_eq!(out["exit_code"], 0, "{stdout}\n{}", out["stderr"]);
-    let events = lines(stdout);
-    let command = events
-        .iter()
-        .find(|e| e["type"] == "item.completed" && e["item"]["type"] == "command_execution")
-        .expect("a command execution");
-    assert!(
-        command["item"]["aggregated_output"]
-            .as_str()
-            .is_some_and(|o| o.contains(TOOL_OUTPUT)),
-        "{command}"
-    );
-    let message = events
-        .iter()
-        .find(|e| e["type"] == "item.completed" && e["item"]["type"] == "agent_message")
-        .expect("a final message");
-    let text = message["item"]["text"].as_str().unwrap_or_default();
-    assert!(
-        text.starts_with(FINAL_TEXT) && text.contains(TOOL_OUTPUT),
-        "{text}"
-    );
-    let done = events
-        .iter()
-        .find(|e| e["type"] == "turn.completed")
-        .expect("turn.completed");
-    assert!(done["usage"]["output_tokens"].as_u64().unwrap_or(0) > 0, "{done}");
+    // The default model of codex 0.171 offers its tools only through a JavaScript host ("code mode");
+    // gpt-5-codex is offered the shell tool directly, which the stand-in's script calls.
+    let (run, events) = h.run(&agent, "codex", "Say hello with the shell.", Some("gpt-5-codex"));
+    h.assert_streamed(&run, &events);
+    let all = serde_json::to_string(&events.iter().map(|e| &e.data).collect::<Vec<_>>()).unwrap();
 
     let calls = h.standin.requests_to("/v1/responses");
     assert!(calls.len() >= 2, "{calls:?}");
@@ -390,7 +373,7 @@ fn codex_runs_through_the_gateway_and_never_sees_the_key() {
         .expect("the turn with the tool's output");
     assert!(turn.contains("OPENAI_API_KEY=agenthold-placeholder-"), "{turn}");
     assert!(!turn.contains(OPENAI_KEY));
-    assert!(!stdout.contains(OPENAI_KEY));
+    assert!(!all.contains(OPENAI_KEY));
     h.assert_sandbox_never_saw(&agent, OPENAI_KEY);
     assert!(h.injected_calls(&agent, "api.openai.com") >= 2);
 }
