@@ -252,7 +252,7 @@ mod tests {
             r#"{"OPENAI_API_KEY":"sk-proj-real"}"#.to_owned(),
             "{}".to_owned(),
             "not json".to_owned(),
-            format!("{ph}"),
+            ph,
         ] {
             assert!(!is_server_written(real.as_bytes()), "{real}");
             assert!(holds_credentials(Kind::CredentialFile, real.as_bytes()), "{real}");

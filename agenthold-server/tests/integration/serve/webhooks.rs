@@ -396,10 +396,7 @@ fn deliveries_need_a_good_signature_and_at_most_256_kib() {
     for name in ["X-Agenthold-Signature-256", "X-Hub-Signature-256"] {
         let ok = deliver(&f, &path, body, &[(name, &good)]);
         assert_eq!(ok.status, 202, "{name}: {:?}", ok.body);
-        let upper = good
-            .replace("sha256=", "sha256=")
-            .to_ascii_uppercase()
-            .replace("SHA256=", "sha256=");
+        let upper = good.to_ascii_uppercase().replace("SHA256=", "sha256=");
         assert_eq!(
             deliver(&f, &path, body, &[(name, &upper)]).status,
             202,
