@@ -6,3 +6,4 @@
 pub mod policy_entry;
 pub mod template_parse;
 pub mod template_render;
+pub mod webhook_prompt;
