@@ -5,7 +5,9 @@
 /// `next` when it is a local path, else `/`. A local path starts with one `/` whose next character is not
 /// `/` or `\` (nor their percent-encodings), has no backslash and no control characters (tabs and newlines
 /// included: browsers drop them, which could turn `/\t/evil.example` into `//evil.example`), and is at most
-/// 2048 bytes. Everything else (`//evil.example`, `https://…`, `javascript:…`, empty) becomes `/`.
+/// 2048 bytes of ASCII (a `Location` header carries nothing else: a browser sends non-ASCII
+/// percent-encoded, and a raw one would fail the header and leave a redirect without a target). Everything
+/// else (`//evil.example`, `https://…`, `javascript:…`, empty) becomes `/`.
 pub(crate) fn sanitize_next(next: Option<&str>) -> String {
     match next {
         Some(n) if is_local_path(n) => n.to_owned(),
@@ -16,6 +18,7 @@ pub(crate) fn sanitize_next(next: Option<&str>) -> String {
 fn is_local_path(n: &str) -> bool {
     let lower = n.to_ascii_lowercase();
     n.len() <= 2048
+        && n.is_ascii()
         && n.starts_with('/')
         && !n[1..].starts_with(['/', '\\'])
         && !lower.starts_with("/%2f")
@@ -51,6 +54,9 @@ mod tests {
             "",
             "evil.example",
             " /x",
+            "/w/caf\u{e9}",
+            "/\u{2215}\u{2215}evil.example",
+            "/\u{ff0f}evil.example",
         ] {
             assert_eq!(sanitize_next(Some(bad)), "/", "{bad:?}");
         }
