@@ -7,3 +7,4 @@ pub mod policy_entry;
 pub mod template_parse;
 pub mod template_render;
 pub mod tunnel_send;
+pub mod webhook_prompt;

@@ -13,6 +13,7 @@
 
 pub(crate) mod admin;
 mod api;
+mod credentials;
 mod execs;
 mod login;
 mod messages;
@@ -208,6 +209,7 @@ impl Server {
         let admin_listener = admin::bind(&self.data_dir).await?;
         let admin_task = tokio::spawn(admin::serve(admin_listener, self.state.clone(), shutdown.clone()));
         tokio::spawn(purge_expired(self.state.clone(), shutdown.clone()));
+        tokio::spawn(credentials::watch(self.state.clone()));
         let app = self.router();
         let closing = shutdown.clone();
         let server = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())

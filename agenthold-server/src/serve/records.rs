@@ -28,6 +28,12 @@ pub(crate) struct AgentMeta {
     pub(crate) created_at: String,
     /// The last state the server saw: `creating`, `running`, `stopped`, `failed`.
     pub(crate) state: String,
+    /// A harness credential file the server did not write is in the sandbox (S11; see `credentials`).
+    #[serde(default)]
+    pub(crate) credentials_inside: bool,
+    /// Where (paths inside the sandbox), when [`AgentMeta::credentials_inside`].
+    #[serde(default)]
+    pub(crate) credentials_files: Vec<String>,
 }
 
 pub(crate) async fn load(store: &dyn Store, agent: &AgentId) -> ApiResult<Option<AgentMeta>> {

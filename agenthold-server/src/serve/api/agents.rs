@@ -66,6 +66,11 @@ pub(crate) struct AgentView {
     /// Its resource limits as created (one agent only; a limit absent inside: none).
     #[serde(skip_serializing_if = "Option::is_none")]
     limits: Option<Limits>,
+    /// "Credentials inside sandbox" (S11): a harness credential file that the server did not write is in
+    /// the sandbox (a login made inside it); checked when a run or exec ends and every minute.
+    credentials_inside: bool,
+    /// The paths of those files inside the sandbox (empty unless `credentials_inside`).
+    credentials_files: Vec<String>,
 }
 
 /// An agent's resource limits.
@@ -93,6 +98,8 @@ impl AgentView {
             image: None,
             policy: None,
             limits: None,
+            credentials_inside: meta.credentials_inside,
+            credentials_files: meta.credentials_files,
         }
     }
 }
@@ -462,6 +469,8 @@ async fn create_agent(
         created_by: caller.user().clone(),
         created_at: records::now_rfc3339(),
         state: "creating".into(),
+        credentials_inside: false,
+        credentials_files: Vec::new(),
     };
     // The record first: a crash during the engine's work leaves a visible agent that can be deleted, never
     // an invisible container.

@@ -143,8 +143,9 @@ fn protected(path: &str, harness: &HarnessDirs) -> bool {
     {
         return true;
     }
-    // Claude Code: `~/.claude/.credentials.json` (or in `$CLAUDE_CONFIG_DIR`): the name is its own.
-    if name == ".credentials.json" {
+    // Claude Code: `~/.claude/.credentials.json` (or in `$CLAUDE_CONFIG_DIR`): the name is its own; and
+    // `~/.claude.json`, where an API key login keeps `primaryApiKey`.
+    if name == ".credentials.json" || name == ".claude.json" {
         return true;
     }
     // Codex: `~/.codex/auth.json` or `$CODEX_HOME/auth.json`; GitHub CLI: `~/.config/gh/hosts.yml`.
@@ -295,6 +296,9 @@ mod tests {
             "/root/.claude/.credentials.json",
             "/home/dev/.claude/.credentials.json",
             "/srv/claude/.credentials.json",
+            "/workspace/.claude/.credentials.json",
+            "/workspace/.codex/auth.json",
+            "/workspace/.claude.json",
             "/root/.codex/auth.json",
             "/home/dev/.codex/auth.json",
             "/root/.config/gh/hosts.yml",

@@ -167,6 +167,8 @@ pub(crate) struct Execs {
     /// Held while an ended exec is stored or an agent's execs are deleted, so a deleted agent's exec is
     /// never stored again.
     persist: tokio::sync::Mutex<()>,
+    /// The agent of every exec that ended (runs end as execs): the credential check (S11) follows it.
+    ended: tokio::sync::broadcast::Sender<AgentId>,
 }
 
 impl std::fmt::Debug for Execs {
@@ -185,6 +187,7 @@ impl Execs {
             store,
             live: Mutex::new(HashMap::new()),
             persist: tokio::sync::Mutex::new(()),
+            ended: tokio::sync::broadcast::channel(256).0,
         })
     }
 
@@ -316,6 +319,13 @@ impl Execs {
             }
         }
         lock(&self.live).remove(&id);
+        // Nobody listening is fine.
+        let _ = self.ended.send(agent);
+    }
+
+    /// The agents of execs that end from now on (one message per exec; a slow receiver may lag).
+    pub(crate) fn subscribe_ended(&self) -> tokio::sync::broadcast::Receiver<AgentId> {
+        self.ended.subscribe()
     }
 
     /// An exec of `agent` in `workspace`: the live one, else the stored one.

@@ -38,6 +38,9 @@ use crate::serve::records::now_rfc3339;
 
 /// Largest prompt in bytes (S9): 256 KiB.
 pub(crate) const MAX_PROMPT: usize = 256 * 1024;
+/// Largest prompt of a webhook delivery: its body is capped at 256 KiB on arrival (S8) and then wrapped
+/// (instructions of at most 16 KiB, the untrusted-data markers, base64 when it is not UTF-8: 4/3).
+pub(crate) const MAX_WEBHOOK_PROMPT: usize = MAX_PROMPT / 3 * 4 + 64 * 1024;
 /// Runs kept per agent (the oldest ended ones beyond are deleted).
 pub(crate) const KEEP_PER_AGENT: usize = 100;
 /// Most items of a custom argv.
@@ -179,7 +182,11 @@ pub(crate) struct NewRun {
 /// 413 `prompt_too_large` past [`MAX_PROMPT`]; 400 for an argv where none belongs or a bad one, or an
 /// option value that could pass for an option.
 pub(crate) fn check(new: &NewRun) -> ApiResult<()> {
-    if new.prompt.len() > MAX_PROMPT {
+    let cap = match new.origin {
+        RunOrigin::Webhook { .. } => MAX_WEBHOOK_PROMPT,
+        _ => MAX_PROMPT,
+    };
+    if new.prompt.len() > cap {
         // enforces: S9
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -1,39 +1,38 @@
-//! Starting the run of a delivery. Until the runs module lands this starts a `custom` hook's command as a
-//! server-side exec with the prompt on its standard input (the same contract as a `custom` run); `claude`
-//! and `codex` hooks answer 503.
-
-use std::collections::BTreeMap;
-
-use axum::http::StatusCode;
+//! Starting the run of a delivery: through [`Runs::start`](crate::serve::runs::Runs::start) as the hook's
+//! creator, with origin `webhook`, the hook's harness (and argv for `custom`), depth 0.
 
 use super::Webhook;
 use crate::serve::api::{ApiError, ApiResult};
-use crate::serve::execs::NewExec;
+use crate::serve::runs::{Harness, NewRun, RunOrigin};
 use crate::serve::state::AppState;
 
 /// Start the run for `hook` with `prompt`; its id.
 pub(super) async fn start(state: &AppState, hook: &Webhook, prompt: String) -> ApiResult<String> {
-    let Some(argv) = hook.argv.clone().filter(|_| hook.harness == "custom") else {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "runs_unavailable",
-            "harness runs are not available in this build",
-        ));
+    let harness = match hook.harness.as_str() {
+        "claude" => Harness::Claude,
+        "codex" => Harness::Codex,
+        "custom" => Harness::Custom,
+        other => {
+            return Err(ApiError::internal(&format!(
+                "webhook {} has an unknown harness {other:?}",
+                hook.id
+            )));
+        }
     };
-    let entry = state
-        .execs
-        .start(
-            &hook.workspace,
-            &hook.agent,
-            &hook.created_by,
-            NewExec {
-                argv,
-                env: BTreeMap::new(),
-                cwd: None,
-                stdin: Some(prompt.into_bytes()),
-                timeout: None,
-            },
-        )
+    let new = NewRun {
+        harness,
+        prompt,
+        argv: hook.argv.clone(),
+        resume: None,
+        model: None,
+        origin: RunOrigin::Webhook {
+            webhook: hook.id.clone(),
+        },
+        depth: 0,
+    };
+    let run = state
+        .runs
+        .start(&hook.workspace, &hook.agent, &hook.created_by, new)
         .await?;
-    Ok(entry.record().id)
+    Ok(run.id)
 }

@@ -16,6 +16,7 @@ mod bad_input;
 )]
 pub(crate) mod client;
 mod crash;
+mod credentials;
 mod execs;
 mod files;
 #[allow(dead_code, reason = "shared by the exec, file and terminal tests")]

@@ -237,6 +237,18 @@ fn webhooks_are_shown_once_managed_by_admins_and_die_with_rotation_deletion_and_
         &[("Origin", "https://github.com"), ("Sec-Fetch-Site", "cross-site")],
     );
     assert_eq!(cross.status, 202, "{:?}", cross.body);
+    // The run is the agent's, started as the hook's creator, marked as from the webhook.
+    let run_id = cross.body["run"].as_str().unwrap();
+    assert!(run_id.starts_with("run_"), "{run_id}");
+    let run = f
+        .server
+        .call("GET", &f.path(&format!("/runs/{run_id}")), &f.auth, None);
+    assert_eq!(run.status, 200, "{:?}", run.body);
+    assert_eq!(run.body["origin"]["kind"], "webhook", "{:?}", run.body);
+    assert_eq!(run.body["origin"]["webhook"], id);
+    let me = f.server.call("GET", "/api/v1/me", &f.auth, None);
+    assert_eq!(run.body["started_by"], me.body["id"]);
+    assert_eq!(run.body["harness"], "custom");
 
     // Rotate: a new URL (and secret); the old ones stop at once.
     let rotated = f
@@ -384,10 +396,7 @@ fn deliveries_need_a_good_signature_and_at_most_256_kib() {
     for name in ["X-Agenthold-Signature-256", "X-Hub-Signature-256"] {
         let ok = deliver(&f, &path, body, &[(name, &good)]);
         assert_eq!(ok.status, 202, "{name}: {:?}", ok.body);
-        let upper = good
-            .replace("sha256=", "sha256=")
-            .to_ascii_uppercase()
-            .replace("SHA256=", "sha256=");
+        let upper = good.to_ascii_uppercase().replace("SHA256=", "sha256=");
         assert_eq!(
             deliver(&f, &path, body, &[(name, &upper)]).status,
             202,

@@ -347,6 +347,90 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{ws}/agents/{agent}/runs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_runs"];
+        put?: never;
+        /** @description Start a harness run and answer 202 at once with the run (state `running`). The server builds the command line (`claude -p --output-format stream-json --verbose …`, `codex exec --json …`, or the `custom` argv) and gives the prompt on standard input. Follow it with `…/runs/{run}/events`. */
+        post: operations["start_run"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{ws}/agents/{agent}/runs/{run}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["get_run"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{ws}/agents/{agent}/runs/{run}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Kill the run's whole process group and answer the run once it ended (state `cancelled`). Cancelling a run that already ended changes nothing and answers it as it is. */
+        post: operations["cancel_run"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{ws}/agents/{agent}/runs/{run}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The run's normalised events as SSE: `state`, `session`, `message` (`role`, `text`), `tool_call` (`id`, `name`, `input`), `tool_result` (`id`, `output`, `is_error`), `usage` (`input_tokens`, `output_tokens`, `cost_usd`), `result` (`text`, `is_error`, `session_id`), `raw` (`stream`, `line`: anything not parsed) and a final `end` (`state`, `exit_code`). Every event has the id `<run>.<n>` and a JSON `data` with its `type`; resume after any retained one with `Last-Event-ID` or `?after=`. An ended run replays what is retained. */
+        get: operations["run_events"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{ws}/agents/{agent}/runs/{run}/output": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The raw standard output lines of an ended run, as the harness printed them (what the events were parsed from), bounded. */
+        get: operations["run_output"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{ws}/agents/{agent}/secrets": {
         parameters: {
             query?: never;
@@ -422,6 +506,56 @@ export interface paths {
         get: operations["terminal"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{ws}/agents/{agent}/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_webhooks"];
+        put?: never;
+        /** @description Make a webhook: its URL (with a 256-bit token) and, with `hmac`, its signing secret are in this answer only; the server keeps the token's hash and the secret sealed. */
+        post: operations["create_webhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{ws}/agents/{agent}/webhooks/{webhook}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete: operations["delete_webhook"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{ws}/agents/{agent}/webhooks/{webhook}/rotate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description A new URL (and a new secret when the hook signs); the old ones stop working at once. */
+        post: operations["rotate_webhook"];
         delete?: never;
         options?: never;
         head?: never;
@@ -547,6 +681,13 @@ export interface components {
             created_at: string;
             /** @description Who created it. */
             created_by: string;
+            /** @description The paths of those files inside the sandbox (empty unless `credentials_inside`). */
+            credentials_files: string[];
+            /**
+             * @description "Credentials inside sandbox" (S11): a harness credential file that the server did not write is in
+             *     the sandbox (a login made inside it); checked when a run or exec ends and every minute.
+             */
+            credentials_inside: boolean;
             /** @description Agent id. */
             id: string;
             /** @description The image it runs (one agent only). */
@@ -707,6 +848,34 @@ export interface components {
              */
             name: string;
         };
+        /** @description `POST …/webhooks`. */
+        CreateWebhook: {
+            /**
+             * @description The command of a `custom` harness (required for it, refused otherwise); the prompt is its stdin.
+             * @example [
+             *       "cat"
+             *     ]
+             */
+            argv?: string[] | null;
+            /**
+             * @description `claude` (default), `codex` or `custom`.
+             * @example custom
+             */
+            harness?: string | null;
+            /**
+             * @description Require an HMAC-SHA256 signature of the body (`X-Agenthold-Signature-256` or GitHub's
+             *     `X-Hub-Signature-256`); the secret is in the answer, once.
+             * @example true
+             */
+            hmac?: boolean | null;
+            /** @description What the run is told before the payload (default: one generic line). At most 16 KiB. */
+            instructions?: string | null;
+            /**
+             * @description A label.
+             * @example issues
+             */
+            name?: string | null;
+        };
         /** @description A page of execs. */
         ExecList: {
             /** @description Execs, newest first. */
@@ -797,6 +966,11 @@ export interface components {
             /** @description The user's id. */
             user: string;
         };
+        /**
+         * @description Which harness a run uses.
+         * @enum {string}
+         */
+        Harness: "claude" | "codex" | "custom";
         /**
          * @description `POST /api/v1/workspaces/{ws}/members`: add someone before their first login, by email (bound when a
          *     provider says that address is verified) or by provider and subject (or both).
@@ -889,6 +1063,19 @@ export interface components {
             id: string;
             /** @description The token (`ahp_…`): send it as `Authorization: Bearer <token>`. Not retrievable later. */
             token: string;
+        };
+        /** @description The JSON form of [`RunOrigin`]: `{kind, user?, webhook?, agent?, run?}`. */
+        OriginJson: {
+            /** @description The calling agent (kind `agent`). */
+            agent?: string | null;
+            /** @description `user`, `webhook` or `agent`. */
+            kind: string;
+            /** @description The calling agent's run (kind `agent`), when known. */
+            run?: string | null;
+            /** @description The user (kind `user`). */
+            user?: string | null;
+            /** @description The webhook (kind `webhook`). */
+            webhook?: string | null;
         };
         /**
          * @description A network policy: `open` (any public destination) or `allowlist` with entries such as `github.com`,
@@ -1012,6 +1199,74 @@ export interface components {
          * @enum {string}
          */
         RoleOnAgent: "admin" | "operator" | "viewer";
+        /** @description A page of runs. */
+        RunList: {
+            /** @description Runs, newest first. */
+            items: components["schemas"]["RunView"][];
+            /** @description Pass as `cursor` for the next page; absent on the last. */
+            next_cursor?: string | null;
+        };
+        /** @description The raw standard output lines of a run. */
+        RunOutput: {
+            /**
+             * @description The lines as the harness printed them (invalid UTF-8 replaced), oldest first; empty while the run
+             *     runs and for a lost run.
+             */
+            lines: string[];
+            /** @description Whether older lines were dropped (past 8 MiB) or a line was cut (past 1 MiB). */
+            truncated: boolean;
+        };
+        /** @description A harness run. */
+        RunView: {
+            /** @description Its agent. */
+            agent: string;
+            /** @description When it was accepted (RFC 3339). */
+            created_at: string;
+            /**
+             * Format: int32
+             * @description Its place in a chain of agent-to-agent messages (0: not started by an agent).
+             */
+            depth: number;
+            /** @description When it ended (RFC 3339). */
+            ended_at?: string | null;
+            /** @description The exec that runs the harness process (`…/execs/{exec}`). */
+            exec?: string | null;
+            /**
+             * Format: int64
+             * @description The harness's exit code once it exited (128 + signal number when killed).
+             */
+            exit_code?: number | null;
+            /** @description `claude`, `codex` or `custom`. */
+            harness: components["schemas"]["Harness"];
+            /** @description `run_…` (also the key of its event ids, `<id>.<n>`). */
+            id: string;
+            /** @description The model asked for. */
+            model?: string | null;
+            /** @description Who or what asked for it: `{kind: user|webhook|agent, user?, webhook?, agent?, run?}`. */
+            origin: components["schemas"]["OriginJson"];
+            /**
+             * Format: int64
+             * @description Size of the prompt in bytes.
+             */
+            prompt_bytes: number;
+            /** @description The harness's final answer. */
+            result?: string | null;
+            /** @description The session asked to resume. */
+            resume?: string | null;
+            /** @description The harness's session (pass as `resume` to continue it). */
+            session_id?: string | null;
+            /** @description When its process started (RFC 3339). */
+            started_at?: string | null;
+            /** @description The user on whose rights it runs. */
+            started_by: string;
+            /** @description `queued`, `running`, `succeeded`, `failed`, `cancelled` or `lost`. */
+            state: string;
+            /** @description Whether older events or output were dropped (past the per-run caps). */
+            truncated: boolean;
+            usage?: components["schemas"]["Usage"] | null;
+            /** @description The agent's workspace. */
+            workspace: string;
+        };
         /** @description The secrets of a workspace. */
         SecretList: {
             /** @description By name. */
@@ -1079,6 +1334,34 @@ export interface components {
              */
             timeout?: number | null;
         };
+        /**
+         * @description `POST …/runs`.
+         * @example {
+         *       "argv": [
+         *         "true"
+         *       ],
+         *       "harness": "custom",
+         *       "prompt": "hello"
+         *     }
+         */
+        StartRun: {
+            /**
+             * @description The command to run (`custom` only, where it is required): program and arguments, never a shell
+             *     string.
+             */
+            argv?: string[] | null;
+            /** @description `claude`, `codex` or `custom`. */
+            harness: components["schemas"]["Harness"];
+            /** @description The model (`claude`/`codex`). */
+            model?: string | null;
+            /**
+             * @description The prompt, at most 256 KiB (413 `prompt_too_large` past it); given to the harness on its standard
+             *     input, never as an argument.
+             */
+            prompt: string;
+            /** @description A session to continue (`claude`/`codex`): a run's `session_id`. */
+            resume?: string | null;
+        };
         /** @description A group of refused traffic and the entry that would allow it. */
         Suggestion: {
             /**
@@ -1133,6 +1416,65 @@ export interface components {
             } | null;
             /** @description A new name. */
             name?: string | null;
+        };
+        /** @description Tokens (and cost, when the harness reports it) a run used. */
+        Usage: {
+            /**
+             * Format: double
+             * @description Cost in US dollars as the harness computed it (Claude Code reports it; Codex does not).
+             */
+            cost_usd?: number | null;
+            /**
+             * Format: int64
+             * @description Input tokens (including cached ones the harness counts separately).
+             */
+            input_tokens: number;
+            /**
+             * Format: int64
+             * @description Output tokens.
+             */
+            output_tokens: number;
+        };
+        /** @description The webhooks of an agent. */
+        WebhookList: {
+            /** @description Oldest first, without URLs or secrets. */
+            items: components["schemas"]["WebhookView"][];
+        };
+        /** @description A webhook. `url` and `secret` only in the answers to create and rotate. */
+        WebhookView: {
+            /** @description The agent. */
+            agent: string;
+            /** @description The command of a `custom` harness. */
+            argv?: string[] | null;
+            /** @description When (RFC 3339). */
+            created_at: string;
+            /** @description Who created it (runs start as them). */
+            created_by: string;
+            /**
+             * Format: int64
+             * @description Deliveries that started a run.
+             */
+            deliveries: number;
+            /** @description `claude`, `codex` or `custom`. */
+            harness: string;
+            /** @description Whether deliveries must be signed. */
+            hmac: boolean;
+            /** @description `wh_…`. */
+            id: string;
+            /** @description What the run is told before the payload. */
+            instructions?: string | null;
+            /** @description When a delivery last started a run. */
+            last_delivery_at?: string | null;
+            /** @description A label. */
+            name?: string | null;
+            /** @description When its URL last changed. */
+            rotated_at?: string | null;
+            /** @description The HMAC secret (64 hex digits): shown once. */
+            secret?: string | null;
+            /** @description `<public_url>/hooks/<64 hex>`: shown once. */
+            url?: string | null;
+            /** @description Its workspace. */
+            workspace: string;
         };
         /** @description A list of workspaces. */
         WorkspaceList: {
@@ -3568,6 +3910,409 @@ export interface operations {
             };
         };
     };
+    list_runs: {
+        parameters: {
+            query?: {
+                /** @description From a previous page's `next_cursor`. */
+                cursor?: string;
+                /** @description Runs per page, 1 to 500 (default 100). */
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunList"];
+                };
+            };
+            /** @description malformed request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    start_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["StartRun"];
+            };
+        };
+        responses: {
+            /** @description started */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunView"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the agent does not run, or runs too many execs */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description `prompt_too_large`: the prompt is over 256 KiB */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not sent as application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Unprocessable Entity */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    get_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+                run: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunView"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    cancel_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+                run: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunView"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    run_events: {
+        parameters: {
+            query?: {
+                /** @description Resume after this event id (`<run>.<n>`). */
+                after?: string;
+            };
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+                run: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the event stream */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": unknown;
+                };
+            };
+            /** @description a resume id of another stream or from the future */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    run_output: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+                run: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunOutput"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     list_agent_secrets: {
         parameters: {
             query?: never;
@@ -3952,6 +4697,295 @@ export interface operations {
                 };
             };
             /** @description too small a role, or another origin */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    list_webhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookList"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    create_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateWebhook"];
+            };
+        };
+        responses: {
+            /** @description Created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookView"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the agent has 32 webhooks */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is over its size cap */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not sent as application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body does not match the schema */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    delete_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+                webhook: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No Content */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    rotate_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+                webhook: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookView"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
             403: {
                 headers: {
                     [name: string]: unknown;
