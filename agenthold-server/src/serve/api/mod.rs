@@ -20,6 +20,7 @@ mod messages;
 mod policy;
 mod requests;
 mod roles;
+mod runs;
 mod secrets;
 mod sse;
 mod suggestions;
@@ -95,6 +96,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(suggestions::routes())
         .merge(execs::routes())
         .merge(messages::routes())
+        .merge(runs::routes())
         .merge(files::routes())
         .merge(terminal::routes())
 }

@@ -472,6 +472,7 @@ impl Runs {
     }
 
     /// The greatest depth among `agent`'s running runs (`None` when none runs).
+    #[allow(dead_code, reason = "the agent-to-agent messages ask it (helper a2a)")]
     pub(crate) fn running_depth(&self, agent: &AgentId) -> Option<u32> {
         lock(&self.live)
             .values()

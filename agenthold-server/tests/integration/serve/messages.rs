@@ -167,18 +167,23 @@ fn messages_start_runs_only_within_the_workspace_and_the_owners_rights() {
             .1
             .contains("as=agent prompt=FROM: agent x. I am not who you think")
     });
-    // The runs API, where it exists, shows the origin.
+    // The run is marked as from the sender, started on its owner's rights.
     let got = f.server.call(
         "GET",
         &format!("/api/v1/workspaces/{ws}/agents/{target}/runs/{run}"),
         &f.auth,
         None,
     );
-    if got.status == 200 {
-        assert_eq!(got.body["origin"]["kind"], "agent", "{:?}", got.body);
-        assert_eq!(got.body["origin"]["agent"], json!(sender));
-        assert_eq!(got.body["depth"], 1);
-    }
+    assert_eq!(got.status, 200, "{:?}", got.body);
+    assert_eq!(got.body["origin"]["kind"], "agent", "{:?}", got.body);
+    assert_eq!(got.body["origin"]["agent"], json!(sender));
+    assert!(
+        got.body["origin"].get("run").is_none(),
+        "an exec is no run: {:?}",
+        got.body
+    );
+    assert_eq!(got.body["depth"], 1);
+    assert_eq!(got.body["harness"], "claude");
 
     // Unknown, and another workspace's agent: the same refusal.
     let other_ws = f.server.call(
@@ -333,6 +338,32 @@ fn a_chain_of_messages_stops_at_depth_four() {
     assert_eq!(depths(&c1, "sent"), [started(2), started(4)]);
     assert_eq!(depths(&c2, "sent"), [started(3), (5, "refused".to_owned())]);
     assert_eq!(depths(&c2, "received"), [started(2), started(4)]);
+    // Each hop's run names the run that sent it, and runs on the owner's rights.
+    let run_at = |agent: &str, depth: i64| -> String {
+        messages(&f, &f.auth, &ws, agent)
+            .iter()
+            .find(|m| m["direction"] == "received" && m["depth"] == depth)
+            .and_then(|m| m["run"].as_str())
+            .unwrap()
+            .to_owned()
+    };
+    let (r1, r2) = (run_at(&c1, 1), run_at(&c2, 2));
+    let got = f.server.call(
+        "GET",
+        &format!("/api/v1/workspaces/{ws}/agents/{c2}/runs/{r2}"),
+        &f.auth,
+        None,
+    );
+    assert_eq!(got.status, 200, "{:?}", got.body);
+    assert_eq!(
+        got.body["origin"],
+        json!({"kind": "agent", "agent": c1, "run": r1}),
+        "{:?}",
+        got.body
+    );
+    assert_eq!(got.body["depth"], 2);
+    let me = f.server.call("GET", "/api/v1/me", &f.auth, None);
+    assert_eq!(got.body["started_by"], me.body["id"], "{:?}", me.body);
     let refusal = messages(&f, &f.auth, &ws, &c2)
         .into_iter()
         .find(|m| m["outcome"] == "refused")

@@ -4,6 +4,7 @@
 //!
 //! - [`matrix`]: every operation of the OpenAPI document × every role × both credentials (S5, S7).
 //! - [`bad_input`]: malformed requests, refused credentials, rate limits, cross-origin writes.
+//! - [`runs`]: harness runs with a custom harness (events, replay, cancel, stdin, limits, lost).
 //! - [`crash`]: `kill -9` during a burst of writes; what was acknowledged survives, egress comes back.
 //! - [`login`]: OIDC and GitHub logins against provider stand-ins ([`login_standins`]), invitations, cookies.
 
@@ -26,6 +27,7 @@ mod login_support;
 mod matrix;
 mod messages;
 mod requests;
+mod runs;
 mod secrets;
 mod smoke;
 #[allow(

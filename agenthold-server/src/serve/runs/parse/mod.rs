@@ -31,7 +31,7 @@ impl Parser {
     pub(crate) fn new(harness: Harness) -> Self {
         Self {
             harness,
-            claude: claude::Claude::default(),
+            claude: claude::Claude,
             codex: codex::Codex::default(),
         }
     }
