@@ -8,7 +8,7 @@
 //! run starts on the owner's rights, marked `origin: {kind: "agent", agent, run}`, at depth
 //! `1 + the sender's deepest running run`, and a depth past [`MAX_DEPTH`] is refused. Every message,
 //! started or refused, is kept on both sides ([`store`], bounded per agent, deleted with the agent) and
-//! written to the workspace's audit log on both sides.
+//! written to the workspace's audit log on both sides. Each message counts against the owner's rate limit.
 // enforces: P3, S4
 
 pub(crate) mod store;
@@ -97,7 +97,15 @@ async fn deliver(
             return Err("internal error; the server log has the cause".to_owned());
         }
     };
-    let depth = 1 + state.runs.running_depth(from).unwrap_or(0);
+    // A message acts on its owner's rights, so it counts against the owner's rate limit (S13); a refusal
+    // here is neither kept nor audited, so a flood cannot grow the store.
+    if let Err(retry) = state.limits.check_user(&sender.created_by) {
+        return Err(format!(
+            "too many requests; retry in {} s",
+            retry.as_secs().max(1)
+        ));
+    }
+    let depth = state.runs.running_depth(from).unwrap_or(0).saturating_add(1);
     let outcome = start(state, &sender, to_name, harness, prompt, depth).await;
     let (run, target, refusal) = match outcome {
         Ok((run, target)) => (Some(run), Some(target), None),

@@ -28,6 +28,7 @@ mod login_standins;
 #[allow(dead_code, reason = "shared by the login tests")]
 mod login_support;
 mod matrix;
+mod messages;
 mod requests;
 mod runs;
 mod secrets;
