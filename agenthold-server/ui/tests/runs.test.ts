@@ -41,6 +41,10 @@ describe('run events', () => {
     expect(items[4]).toMatchObject({ text: '19' });
   });
 
+  it('shows the session a run can be resumed from', () => {
+    expect(addEvent([], { type: 'session', session_id: 's-1', model: 'm' })).toEqual([{ kind: 'session', id: 's-1', model: 'm' }]);
+  });
+
   it('names a run origin', () => {
     expect(originText({ kind: 'user' })).toBe('user');
     expect(originText({ kind: 'webhook', webhook: 'wh_1' })).toBe('webhook');

@@ -12,7 +12,8 @@ export type RunItem =
   | { kind: 'usage'; text: string }
   | { kind: 'result'; text: string; isError: boolean }
   | { kind: 'raw'; stream: string; text: string }
-  | { kind: 'state'; state: string };
+  | { kind: 'state'; state: string }
+  | { kind: 'session'; id: string; model: string | null };
 
 const str = (v: unknown): string => (typeof v === 'string' ? v : v === undefined || v === null ? '' : JSON.stringify(v, null, 2));
 
@@ -69,6 +70,9 @@ export function addEvent(items: RunItem[], event: RunEvent, max = 5000): RunItem
     case 'state':
       next.push({ kind: 'state', state: str(event.state) });
       break;
+    case 'session':
+      next.push({ kind: 'session', id: str(event.session_id), model: typeof event.model === 'string' ? event.model : null });
+      break;
     case 'raw': {
       const stream = str(event.stream) || 'stdout';
       const line = str(event.line);
@@ -84,7 +88,7 @@ export function addEvent(items: RunItem[], event: RunEvent, max = 5000): RunItem
 }
 
 /** Every event type the server sends besides `end`. */
-export const RUN_EVENT_TYPES = ['message', 'tool_call', 'tool_result', 'usage', 'result', 'raw', 'state'] as const;
+export const RUN_EVENT_TYPES = ['session', 'message', 'tool_call', 'tool_result', 'usage', 'result', 'raw', 'state'] as const;
 
 /** Who started a run, for a list row. */
 export function originText(origin: { kind?: string; agent?: string | null; webhook?: string | null } | undefined): string {
