@@ -14,6 +14,7 @@
 pub(crate) mod admin;
 mod api;
 mod execs;
+mod harness_logins;
 mod login;
 mod providers;
 mod records;
@@ -128,8 +129,10 @@ impl Server {
             agents_gone: state::AgentSignals::default(),
             execs,
             providers,
+            logins: Arc::new(harness_logins::Logins::new().context("the provider logins' HTTP client")?),
         });
         secrets::reconcile(&state).await;
+        harness_logins::install(&state, state.shutdown.clone()).await;
         Ok(Self { state, data_dir })
     }
 

@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     pub(crate) execs: Arc<Execs>,
     /// The browser login providers (OIDC, GitHub) that the configuration turns on.
     pub(crate) providers: Arc<Providers>,
+    /// Provider logins (Claude, ChatGPT accounts for the harnesses): what is kept besides the store.
+    pub(crate) logins: Arc<super::harness_logins::Logins>,
 }
 
 /// One cancellation token per agent that someone waits on, fired (and forgotten) when the agent is deleted.

@@ -17,6 +17,7 @@ mod health;
 mod json;
 mod me;
 mod policy;
+mod provider_logins;
 mod requests;
 mod roles;
 mod secrets;
@@ -95,6 +96,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(execs::routes())
         .merge(files::routes())
         .merge(terminal::routes())
+        .merge(provider_logins::routes())
 }
 
 /// The OpenAPI document of the API (the same list the router serves).
