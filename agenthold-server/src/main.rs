@@ -12,6 +12,7 @@
 
 mod admin_cli;
 mod image;
+mod image_fetch;
 mod jail;
 mod log_file;
 mod run;

@@ -5,6 +5,7 @@
 //! - [`TestNet`]: a sandbox namespace and a gateway namespace joined by veth pairs (one per agent).
 //! - [`EchoServer`] and [`TestCa`]: HTTP/HTTPS upstreams on loopback that answer with what they received.
 //! - [`TestDns`]: an upstream DNS server on loopback that answers from a table and records every query.
+//! - [`standin`]: the model providers' APIs (Anthropic Messages, OpenAI Responses) for the real harnesses.
 //!
 //! Everything binds port 0 and reports the address in use; nothing here sends a packet beyond loopback or
 //! the namespaces it created. Privileged tests are marked
@@ -17,6 +18,7 @@
 mod dns;
 mod echo;
 mod net;
+pub mod standin;
 mod tls;
 
 use std::sync::Once;

@@ -53,9 +53,9 @@ const FORMAT_VERSION: u32 = 2;
 /// `PATH` of both images (an imported image has no environment of its own).
 const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Imports stream hundreds of megabytes; the engine connection's default timeout (120 s) is too short.
-const IMPORT_TIMEOUT: Duration = Duration::from_secs(900);
+pub(super) const IMPORT_TIMEOUT: Duration = Duration::from_secs(900);
 /// Serialises builds inside this process (parallel tests); [`ensure_dev_image`] also takes a file lock.
-static BUILD_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(super) static BUILD_LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A local image: the reference it was asked for or tagged with, and the engine's content id.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -136,6 +136,8 @@ pub async fn require_image(docker: &Docker, reference: &str) -> Result<ImageRef>
 fn missing_image_problem(reference: &str) -> String {
     let hint = if reference == DEV_IMAGE || reference == "agenthold/dev" {
         "build it with `agenthold image build-dev`".to_owned()
+    } else if reference == super::harness_image::HARNESS_IMAGE || reference == "agenthold/harness" {
+        "build it with `agenthold image build-harness`".to_owned()
     } else if reference.starts_with(SANDBOXD_REPOSITORY) {
         "the runtime builds it from the sandboxd binary when it starts".to_owned()
     } else {
@@ -372,7 +374,7 @@ fn label_change(inputs: &str) -> String {
 }
 
 /// `reference` as an [`ImageRef`] if it exists and its [`INPUTS_LABEL`] equals `inputs`.
-async fn current(docker: &Docker, reference: &str, inputs: &str) -> Result<Option<ImageRef>> {
+pub(super) async fn current(docker: &Docker, reference: &str, inputs: &str) -> Result<Option<ImageRef>> {
     Ok(match inspect(docker, reference).await? {
         Some((id, Some(label))) if label == inputs => Some(ImageRef {
             name: reference.to_owned(),
@@ -383,7 +385,7 @@ async fn current(docker: &Docker, reference: &str, inputs: &str) -> Result<Optio
 }
 
 /// The image's id and [`INPUTS_LABEL`], `None` if it does not exist.
-async fn inspect(docker: &Docker, reference: &str) -> Result<Option<(String, Option<String>)>> {
+pub(super) async fn inspect(docker: &Docker, reference: &str) -> Result<Option<(String, Option<String>)>> {
     match docker.inspect_image(reference).await {
         Ok(image) => {
             let label = image
@@ -485,7 +487,7 @@ async fn import_dir(docker: &Docker, rootfs: &Path, inputs: &str) -> Result<Stri
     imported
 }
 
-async fn tag(docker: &Docker, id: &str, name: &str) -> Result<()> {
+pub(super) async fn tag(docker: &Docker, id: &str, name: &str) -> Result<()> {
     let (repo, tag) = name.rsplit_once(':').unwrap_or((name, "latest"));
     let options = TagImageOptionsBuilder::new().repo(repo).tag(tag).build();
     docker
@@ -495,7 +497,7 @@ async fn tag(docker: &Docker, id: &str, name: &str) -> Result<()> {
 }
 
 /// Remove an image that lost its tag, unless a container or another tag still uses it.
-async fn remove_unused(docker: &Docker, id: &str) {
+pub(super) async fn remove_unused(docker: &Docker, id: &str) {
     let options = RemoveImageOptionsBuilder::new()
         .force(false)
         .noprune(false)
@@ -574,7 +576,7 @@ async fn slim(rootfs: &Path) -> Result<()> {
     .map_err(|e| Error::io("slim the dev rootfs", std::io::Error::other(e)))?
 }
 
-fn tail(bytes: &[u8], lines: usize) -> String {
+pub(super) fn tail(bytes: &[u8], lines: usize) -> String {
     let text = String::from_utf8_lossy(bytes);
     let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     all[all.len().saturating_sub(lines)..].join(" | ")
@@ -582,7 +584,7 @@ fn tail(bytes: &[u8], lines: usize) -> String {
 
 /// Remove `dir` entirely. A killed debootstrap leaves `proc`, `sys` or `dev` mounted inside its target:
 /// unmount those first so the removal never walks into a host filesystem.
-async fn clear_dir(dir: &Path) -> Result<()> {
+pub(super) async fn clear_dir(dir: &Path) -> Result<()> {
     let dir = dir.to_owned();
     tokio::task::spawn_blocking(move || {
         if !dir.exists() {
@@ -616,7 +618,7 @@ fn mounts_under(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Take an exclusive `flock` on `path` (created if needed), waiting for other processes' builds.
-async fn lock_file(path: PathBuf) -> Result<nix::fcntl::Flock<std::fs::File>> {
+pub(super) async fn lock_file(path: PathBuf) -> Result<nix::fcntl::Flock<std::fs::File>> {
     tokio::task::spawn_blocking(move || {
         let file = std::fs::OpenOptions::new()
             .create(true)

@@ -10,6 +10,7 @@ mod container;
 pub mod engine;
 mod exec;
 mod files;
+pub mod harness_image;
 mod hijack;
 pub mod holder;
 pub mod hostfw;

@@ -5,7 +5,7 @@
 //!
 //! Start: load the configuration (no port is bound before it is valid), open the store, build the runtime
 //! (which reconciles: running sandboxes keep their egress and tunnel, S12), mark execs that a previous
-//! server left running as `lost`, bind the admin socket and the listener, and print the one-time local
+//! server left running as `lost` (and the runs on them), bind the admin socket and the listener, and print the one-time local
 //! admin link when there are no users yet. Stop (SIGTERM, SIGINT): streams end with their `end` event,
 //! in-flight requests get 10 s, then the gateway stops. Sandboxes keep running; the next start takes them
 //! over.
@@ -18,6 +18,7 @@ mod harness_logins;
 mod login;
 mod providers;
 mod records;
+mod runs;
 mod secrets;
 mod state;
 mod ui;
@@ -112,6 +113,14 @@ impl Server {
         if lost > 0 {
             tracing::info!(lost, "execs left running by the previous server are marked lost");
         }
+        let runs = runs::Runs::new(Arc::clone(&execs), Arc::clone(&store));
+        let lost = runs
+            .reconcile()
+            .await
+            .map_err(|e| anyhow::anyhow!("reconcile the runs of the previous server: {e}"))?;
+        if lost > 0 {
+            tracing::info!(lost, "runs left running by the previous server are marked lost");
+        }
         let state = AppState::new(Shared {
             runtime,
             authz: Arc::new(RoleAuthz::new(Arc::clone(&dir))),
@@ -128,6 +137,7 @@ impl Server {
             edits: tokio::sync::Mutex::new(()),
             agents_gone: state::AgentSignals::default(),
             execs,
+            runs,
             providers,
             logins: Arc::new(harness_logins::Logins::new().context("the provider logins' HTTP client")?),
         });

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::execs::Execs;
 use super::providers::Providers;
+use super::runs::Runs;
 
 /// The server's shared state.
 #[derive(Clone)]
@@ -47,6 +48,8 @@ pub(crate) struct Shared {
     pub(crate) agents_gone: AgentSignals,
     /// Execs as server-side objects.
     pub(crate) execs: Arc<Execs>,
+    /// Harness runs (built on the execs).
+    pub(crate) runs: Arc<Runs>,
     /// The browser login providers (OIDC, GitHub) that the configuration turns on.
     pub(crate) providers: Arc<Providers>,
     /// Provider logins (Claude, ChatGPT accounts for the harnesses): what is kept besides the store.

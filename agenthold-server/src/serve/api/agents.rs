@@ -564,6 +564,7 @@ async fn delete_agent(
     crate::serve::harness_logins::forget_agent(&state, &agent).await;
     state.agents_gone.fire(&agent);
     state.execs.forget_agent(&agent).await?;
+    state.runs.forget_agent(&agent).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
