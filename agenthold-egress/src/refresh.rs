@@ -144,7 +144,11 @@ pub(crate) async fn answer(
         }
         Err(_) => {
             pending.entry.fail("upstream: no answer in time");
-            return refuse_pending(pending, StatusCode::GATEWAY_TIMEOUT, "token refresh upstream timed out");
+            return refuse_pending(
+                pending,
+                StatusCode::GATEWAY_TIMEOUT,
+                "token refresh upstream timed out",
+            );
         }
     };
     let (mut parts, body) = response.into_parts();

@@ -14,9 +14,12 @@ use std::time::Instant;
 
 use agenthold_core::Config;
 use agenthold_sandbox::docker::harness_image::{
-    DEFAULT_REGISTRY, HARNESS_IMAGE, HARNESS_PACKAGES, build_harness_image, current_harness_image, extract_binary,
+    DEFAULT_REGISTRY, HARNESS_IMAGE, HARNESS_PACKAGES, build_harness_image, current_harness_image,
+    extract_binary,
 };
-use agenthold_sandbox::docker::image::{DEV_IMAGE, DevImageOptions, ImageRef, current_dev_image, ensure_dev_image};
+use agenthold_sandbox::docker::image::{
+    DEV_IMAGE, DevImageOptions, ImageRef, current_dev_image, ensure_dev_image,
+};
 use anyhow::Context;
 
 /// `agenthold image`: its subcommands.
@@ -171,14 +174,19 @@ async fn build_harness(args: &BuildHarnessArgs) -> Result<(), Failure> {
         .with_context(|| format!("create {}", context.display()))
         .map_err(Failure::Engine)?;
     for pkg in &HARNESS_PACKAGES {
-        let (tgz, fetched) = crate::image_fetch::cached_tarball(&args.registry, pkg, &images.join("harness-cache"))
-            .await
-            .map_err(Failure::Engine)?;
+        let (tgz, fetched) =
+            crate::image_fetch::cached_tarball(&args.registry, pkg, &images.join("harness-cache"))
+                .await
+                .map_err(Failure::Engine)?;
         eprintln!(
             "agenthold image: {}@{} {} ({})",
             pkg.package,
             pkg.version,
-            if fetched { "fetched and verified" } else { "cached, verified" },
+            if fetched {
+                "fetched and verified"
+            } else {
+                "cached, verified"
+            },
             pkg.integrity
         );
         for (member, binary) in pkg.binaries {

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use agenthold_sandbox::docker::harness_image::{HarnessPackage, IntegrityCheck, tarball_url, verify_integrity};
+use agenthold_sandbox::docker::harness_image::{
+    HarnessPackage, IntegrityCheck, tarball_url, verify_integrity,
+};
 use anyhow::{Context, bail};
 use http_body_util::{BodyExt as _, Empty};
 use hyper::body::Bytes;
@@ -25,7 +27,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// The verified tarball of `pkg` in `cache` (`cache/<name>-<version>.tgz`), fetched from `registry` when it
 /// is missing or does not match the pinned integrity. Returns its path and whether it was downloaded.
-pub(crate) async fn cached_tarball(registry: &str, pkg: &HarnessPackage, cache: &Path) -> anyhow::Result<(PathBuf, bool)> {
+pub(crate) async fn cached_tarball(
+    registry: &str,
+    pkg: &HarnessPackage,
+    cache: &Path,
+) -> anyhow::Result<(PathBuf, bool)> {
     tokio::fs::create_dir_all(cache)
         .await
         .with_context(|| format!("create {}", cache.display()))?;
@@ -92,7 +98,10 @@ async fn download(url: &str, dest: &Path, integrity: &str) -> anyhow::Result<()>
     bail!("{url}: more than {MAX_REDIRECTS} redirects")
 }
 
-async fn get(tls: &tokio_rustls::TlsConnector, url: &str) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
+async fn get(
+    tls: &tokio_rustls::TlsConnector,
+    url: &str,
+) -> anyhow::Result<http::Response<hyper::body::Incoming>> {
     let uri: http::Uri = url.parse().with_context(|| format!("{url}: not a URL"))?;
     let https = match uri.scheme_str() {
         Some("https") => true,
@@ -107,7 +116,8 @@ async fn get(tls: &tokio_rustls::TlsConnector, url: &str) -> anyhow::Result<http
         .with_context(|| format!("{url}: connect timed out"))?
         .with_context(|| format!("{url}: cannot connect"))?;
     let io: Box<dyn Io> = if https {
-        let name = rustls_pki_types::ServerName::try_from(bare.clone()).with_context(|| format!("{url}: bad host name"))?;
+        let name = rustls_pki_types::ServerName::try_from(bare.clone())
+            .with_context(|| format!("{url}: bad host name"))?;
         Box::new(
             tokio::time::timeout(STALL, tls.connect(name, tcp))
                 .await
@@ -143,10 +153,11 @@ fn tls_connector() -> anyhow::Result<tokio_rustls::TlsConnector> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     let _ = roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let mut config =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }

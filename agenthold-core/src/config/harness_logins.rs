@@ -144,7 +144,10 @@ impl ProviderLoginConfig {
     /// The first rule broken: (key below the section, problem).
     pub(super) fn validate(&self) -> Result<(), (String, String)> {
         let fail = |key: &str, problem: String| Err((key.to_owned(), problem));
-        for (key, url) in [("authorize_url", &self.authorize_url), ("token_url", &self.token_url)] {
+        for (key, url) in [
+            ("authorize_url", &self.authorize_url),
+            ("token_url", &self.token_url),
+        ] {
             if !is_https_or_loopback(url) {
                 return fail(key, format!("{url:?} must be https unless the host is loopback"));
             }
@@ -156,13 +159,19 @@ impl ProviderLoginConfig {
             return fail("client_id", "must not be empty".into());
         }
         if !(self.redirect_uri.starts_with("https://") || self.redirect_uri.starts_with("http://")) {
-            return fail("redirect_uri", format!("{:?} must be an http(s) URL", self.redirect_uri));
+            return fail(
+                "redirect_uri",
+                format!("{:?} must be an http(s) URL", self.redirect_uri),
+            );
         }
         if self.api_hosts.is_empty() || self.api_hosts.iter().any(|h| h.trim().is_empty()) {
             return fail("api_hosts", "must name at least one host, none empty".into());
         }
         if self.api_paths.is_empty() || self.api_paths.iter().any(|p| !p.starts_with('/')) {
-            return fail("api_paths", "must name at least one path, each starting with '/'".into());
+            return fail(
+                "api_paths",
+                "must name at least one path, each starting with '/'".into(),
+            );
         }
         if !self.refresh_path.is_empty() && !self.refresh_path.starts_with('/') {
             return fail("refresh_path", "must start with '/'".into());

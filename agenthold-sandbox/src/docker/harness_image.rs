@@ -322,7 +322,10 @@ async fn build(docker: &Docker, context: &Path) -> Result<String> {
             Ok(info) => info,
             Err(e) => {
                 return Err(Error::Unavailable {
-                    problem: format!("building {HARNESS_IMAGE} failed: {e}; last lines: {}", tail(log.as_bytes(), 10)),
+                    problem: format!(
+                        "building {HARNESS_IMAGE} failed: {e}; last lines: {}",
+                        tail(log.as_bytes(), 10)
+                    ),
                 });
             }
         };
@@ -334,7 +337,10 @@ async fn build(docker: &Docker, context: &Path) -> Result<String> {
         }
         if let Some(detail) = info.error_detail.and_then(|d| d.message) {
             return Err(Error::Unavailable {
-                problem: format!("building {HARNESS_IMAGE} failed: {detail}; last lines: {}", tail(log.as_bytes(), 10)),
+                problem: format!(
+                    "building {HARNESS_IMAGE} failed: {detail}; last lines: {}",
+                    tail(log.as_bytes(), 10)
+                ),
             });
         }
     }
@@ -368,7 +374,8 @@ mod tests {
         let mut ok = IntegrityCheck::default();
         ok.update(b"hello");
         // sha512("hello"), base64.
-        let pinned = "sha512-m3HSJL1i83hdltRq0+o9czGb+8KJDKra4t/3JRlnPKcjI8PZm6XBHXx6zG4UuMXaDEZjR1wuXDre9G9zvN7AQw==";
+        let pinned =
+            "sha512-m3HSJL1i83hdltRq0+o9czGb+8KJDKra4t/3JRlnPKcjI8PZm6XBHXx6zG4UuMXaDEZjR1wuXDre9G9zvN7AQw==";
         ok.clone().finish(pinned, "x").unwrap();
         let err = ok.clone().finish("sha512-AAAA", "x").unwrap_err();
         assert!(err.to_string().contains("integrity mismatch"), "{err}");
@@ -384,8 +391,14 @@ mod tests {
         assert_ne!(harness_inputs_hash("sha256:a"), harness_inputs_hash("sha256:b"));
         let file = dockerfile("abc");
         assert!(file.starts_with("FROM agenthold/dev:latest\n"), "{file}");
-        assert!(file.contains("COPY claude codex codex-code-mode-host /usr/local/bin/"), "{file}");
-        assert!(file.contains("--uid 1000") && file.contains("--home-dir /workspace"), "{file}");
+        assert!(
+            file.contains("COPY claude codex codex-code-mode-host /usr/local/bin/"),
+            "{file}"
+        );
+        assert!(
+            file.contains("--uid 1000") && file.contains("--home-dir /workspace"),
+            "{file}"
+        );
         assert!(file.contains("chown 1000:1000 /workspace"), "{file}");
         assert!(file.contains("LABEL agenthold.inputs=abc"), "{file}");
     }

@@ -8,10 +8,14 @@
 //! - [`openai`]: the Responses API (`POST /v1/responses`, streamed) in the shape Codex reads: a shell
 //!   function call first, then a final message and `response.completed` with usage.
 //!
-//! Other routes (OAuth token endpoints, …) are added with [`Routes::route`]; the first matching route
+//! - [`oauth`]: the providers' OAuth endpoints for provider logins (authorization with PKCE S256, code
+//!   exchange, refresh with rotation and family revocation on reuse).
+//!
+//! Other routes are added with [`Routes::route`]; the first matching route
 //! answers, anything unmatched gets a `404` JSON error and is recorded all the same.
 
 pub mod anthropic;
+pub mod oauth;
 pub mod openai;
 
 use std::convert::Infallible;
@@ -161,7 +165,9 @@ pub struct Standin {
 
 impl std::fmt::Debug for Standin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Standin").field("addr", &self.addr).finish_non_exhaustive()
+        f.debug_struct("Standin")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 
@@ -169,9 +175,14 @@ impl Standin {
     /// The provider stand-ins over HTTPS on `127.0.0.1` (port 0), with a certificate from `ca` for
     /// [`PROVIDER_HOSTS`].
     pub async fn providers(ca: Arc<TestCa>) -> Self {
-        Self::start("127.0.0.1:0".parse().expect("a literal address"), Some(ca), PROVIDER_HOSTS, Routes::providers())
-            .await
-            .expect("bind the stand-in")
+        Self::start(
+            "127.0.0.1:0".parse().expect("a literal address"),
+            Some(ca),
+            PROVIDER_HOSTS,
+            Routes::providers(),
+        )
+        .await
+        .expect("bind the stand-in")
     }
 
     /// A stand-in on `listen`: HTTPS with a certificate from `ca` for `names`, or plain HTTP/1.1 without
@@ -293,7 +304,12 @@ async fn serve<S>(
     }
 }
 
-async fn record(request: Request<Incoming>, scheme: &'static str, sni: Option<String>, peer: SocketAddr) -> EchoRequest {
+async fn record(
+    request: Request<Incoming>,
+    scheme: &'static str,
+    sni: Option<String>,
+    peer: SocketAddr,
+) -> EchoRequest {
     let (parts, body) = request.into_parts();
     let body = body
         .collect()
@@ -321,7 +337,12 @@ async fn record(request: Request<Incoming>, scheme: &'static str, sni: Option<St
         headers: parts
             .headers
             .iter()
-            .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
             .collect(),
         body,
         peer,

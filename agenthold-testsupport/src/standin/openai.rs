@@ -52,7 +52,10 @@ fn tool_output(body: &Value) -> Option<String> {
 
 fn responses(request: &EchoRequest) -> Reply {
     let Ok(body) = serde_json::from_slice::<Value>(&request.body) else {
-        return Reply::json(400, &json!({"error": {"message": "not JSON", "type": "invalid_request_error"}}));
+        return Reply::json(
+            400,
+            &json!({"error": {"message": "not JSON", "type": "invalid_request_error"}}),
+        );
     };
     let model = body["model"].as_str().unwrap_or("gpt-standin").to_owned();
     let id = format!("resp_standin_{}", request.body.len());
@@ -131,6 +134,9 @@ mod tests {
         let body = json!({"input": [{"type": "function_call_output", "call_id": "c",
                                      "output": "{\"output\":\"hello-from-tool\\n\",\"metadata\":{}}"}]});
         assert_eq!(final_output(&tool_output(&body).unwrap()), "hello-from-tool");
-        assert_eq!(final_output("Exit code: 0\nOutput:\nhello-from-tool\n"), "hello-from-tool");
+        assert_eq!(
+            final_output("Exit code: 0\nOutput:\nhello-from-tool\n"),
+            "hello-from-tool"
+        );
     }
 }

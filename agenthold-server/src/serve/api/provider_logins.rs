@@ -204,7 +204,9 @@ async fn start_login(
     if let Some(name) = &body.name
         && (name.chars().count() > 100 || name.chars().any(char::is_control))
     {
-        return Err(ApiError::bad_request("name: up to 100 characters, no control characters"));
+        return Err(ApiError::bad_request(
+            "name: up to 100 characters, no control characters",
+        ));
     }
     let oauth_state = harness_logins::random_value()?;
     let verifier = harness_logins::random_value()?;
@@ -258,7 +260,9 @@ async fn complete_login(
             }));
         };
         if pending.expires_unix <= now_unix() {
-            return Err(ApiError::bad_request("this login attempt expired: start a new one"));
+            return Err(ApiError::bad_request(
+                "this login attempt expired: start a new one",
+            ));
         }
         if let Some(s) = &pasted.state
             && harness_logins::state_hash(s) != pending.state_hash
@@ -304,14 +308,19 @@ async fn withdraw_login(
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     caller.require(&state, Action::View, &Resource::Account).await?;
-    if id.len() > 64 || !harness_logins::withdraw(&state, caller.user(), caller.principal.credential, &id).await? {
+    if id.len() > 64
+        || !harness_logins::withdraw(&state, caller.user(), caller.principal.credential, &id).await?
+    {
         return Err(ApiError::not_found());
     }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// The logins `agent` uses, for its JSON.
-pub(crate) async fn agent_logins(state: &AppState, agent: &agenthold_core::AgentId) -> ApiResult<Vec<AgentLoginView>> {
+pub(crate) async fn agent_logins(
+    state: &AppState,
+    agent: &agenthold_core::AgentId,
+) -> ApiResult<Vec<AgentLoginView>> {
     let mut out = Vec::new();
     for item in harness_logins::of_agent(state, agent).await? {
         let owner_name = state

@@ -107,11 +107,18 @@ async fn as_agent_user(state: &AppState, agent: &AgentId, argv: Vec<String>) -> 
 
 /// Write the file into `agent`'s sandbox; false when the sandbox does not run (written before the next
 /// run instead).
-pub(crate) async fn write(state: &AppState, agent: &AgentId, provider: Provider, data: Vec<u8>) -> ApiResult<bool> {
+pub(crate) async fn write(
+    state: &AppState,
+    agent: &AgentId,
+    provider: Provider,
+    data: Vec<u8>,
+) -> ApiResult<bool> {
     if !running(state, agent).await {
         return Ok(false);
     }
-    let argv = ["sh", "-c", WRITE, "sh", path(provider)].map(String::from).to_vec();
+    let argv = ["sh", "-c", WRITE, "sh", path(provider)]
+        .map(String::from)
+        .to_vec();
     let request = ExecRequest {
         argv: as_agent_user(state, agent, argv).await,
         stdin: Some(data),
@@ -124,7 +131,10 @@ pub(crate) async fn write(state: &AppState, agent: &AgentId, provider: Provider,
             "writing {} in agent {agent} failed ({}): {}",
             path(provider),
             out.exit_code,
-            String::from_utf8_lossy(&out.stderr).chars().take(300).collect::<String>()
+            String::from_utf8_lossy(&out.stderr)
+                .chars()
+                .take(300)
+                .collect::<String>()
         )));
     }
     Ok(true)
@@ -142,7 +152,9 @@ pub(crate) async fn remove(state: &AppState, agent: &AgentId, provider: Provider
     };
     match state.runtime.exec_request(agent, request).await {
         Ok(out) if out.exit_code == 0 => {}
-        Ok(out) => tracing::warn!(agent = %agent, code = out.exit_code, "could not remove a provider login's file"),
+        Ok(out) => {
+            tracing::warn!(agent = %agent, code = out.exit_code, "could not remove a provider login's file")
+        }
         Err(e) => tracing::warn!(agent = %agent, error = %e, "could not remove a provider login's file"),
     }
 }
@@ -158,23 +170,28 @@ mod tests {
         let meta = TokenMeta {
             expires_at_ms: 5,
             scopes: vec!["user:inference".into()],
-            id_claims: Some(serde_json::json!({"email": "a@b", "https://api.openai.com/auth": {"chatgpt_account_id": "acc"}})),
+            id_claims: Some(
+                serde_json::json!({"email": "a@b", "https://api.openai.com/auth": {"chatgpt_account_id": "acc"}}),
+            ),
             account_id: Some("acc".into()),
             last_refresh: "2026-01-01T00:00:00Z".into(),
             ..TokenMeta::default()
         };
-        let c: serde_json::Value = serde_json::from_slice(&content(Provider::Claude, &meta, "PA", "PR")).unwrap();
+        let c: serde_json::Value =
+            serde_json::from_slice(&content(Provider::Claude, &meta, "PA", "PR")).unwrap();
         assert_eq!(c["claudeAiOauth"]["accessToken"], "PA");
         assert_eq!(c["claudeAiOauth"]["refreshToken"], "PR");
         assert_eq!(c["claudeAiOauth"]["expiresAt"], 5);
-        let x: serde_json::Value = serde_json::from_slice(&content(Provider::Chatgpt, &meta, "PA", "PR")).unwrap();
+        let x: serde_json::Value =
+            serde_json::from_slice(&content(Provider::Chatgpt, &meta, "PA", "PR")).unwrap();
         assert!(x["OPENAI_API_KEY"].is_null());
         assert_eq!(x["tokens"]["access_token"], "PA");
         assert_eq!(x["tokens"]["account_id"], "acc");
         let jwt = x["tokens"]["id_token"].as_str().unwrap();
         let parts: Vec<&str> = jwt.split('.').collect();
         assert_eq!(parts.len(), 3);
-        let claims: serde_json::Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
+        let claims: serde_json::Value =
+            serde_json::from_slice(&URL_SAFE_NO_PAD.decode(parts[1]).unwrap()).unwrap();
         assert_eq!(claims["email"], "a@b");
         assert_eq!(parts[2], NOT_SIGNED);
     }

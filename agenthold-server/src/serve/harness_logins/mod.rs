@@ -26,7 +26,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use agenthold_core::config::ProviderLoginConfig;
 use agenthold_core::secret::{SecretSpec, SecretValue};
-use agenthold_core::{Action, AgentId, AuthzDecision, Credential, Principal, Resource, SecretRule, UserId, WorkspaceId};
+use agenthold_core::{
+    Action, AgentId, AuthzDecision, Credential, Principal, Resource, SecretRule, UserId, WorkspaceId,
+};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use utoipa::ToSchema;
@@ -215,7 +217,12 @@ pub(crate) async fn install(state: &AppState, shutdown: CancellationToken) {
 }
 
 /// Seal the newest tokens of `login` into its record.
-async fn persist(logins: &Logins, store: &dyn agenthold_core::Store, vault: &agenthold_core::Vault, login: &str) -> ApiResult<()> {
+async fn persist(
+    logins: &Logins,
+    store: &dyn agenthold_core::Store,
+    vault: &agenthold_core::Vault,
+    login: &str,
+) -> ApiResult<()> {
     let _records = logins.record_lock.lock().await;
     let Some(mut rec) = record::load(store, login).await? else {
         return Ok(());
@@ -234,7 +241,11 @@ async fn persist(logins: &Logins, store: &dyn agenthold_core::Store, vault: &age
 /// Note (or forget, with `None`) which login `agent` uses for `provider`, and its refresh group.
 fn remember(state: &AppState, agent: &AgentId, provider: Provider, login: Option<&str>) {
     {
-        let mut attached = state.logins.attached.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut attached = state
+            .logins
+            .attached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         match login {
             Some(l) => attached.insert((agent.clone(), provider), l.to_owned()),
             None => attached.remove(&(agent.clone(), provider)),
@@ -295,13 +306,22 @@ pub(crate) async fn specs_for(state: &AppState, agent: &AgentId) -> ApiResult<Ve
 }
 
 /// Apply `agent`'s whole secret set again (workspace secrets and logins). Callers hold `state.edits`.
-async fn reapply(state: &AppState, ws: &WorkspaceId, agent: &AgentId) -> ApiResult<Vec<agenthold_core::secret::Placeholder>> {
+async fn reapply(
+    state: &AppState,
+    ws: &WorkspaceId,
+    agent: &AgentId,
+) -> ApiResult<Vec<agenthold_core::secret::Placeholder>> {
     let atts = super::secrets::attachments(state.store.as_ref(), ws, agent).await?;
     super::secrets::apply(state, agent, atts).await
 }
 
 /// Whether `user` administers `agent`.
-pub(crate) async fn administers(state: &AppState, user: &UserId, ws: &WorkspaceId, agent: &AgentId) -> ApiResult<bool> {
+pub(crate) async fn administers(
+    state: &AppState,
+    user: &UserId,
+    ws: &WorkspaceId,
+    agent: &AgentId,
+) -> ApiResult<bool> {
     let principal = Principal {
         user: user.clone(),
         credential: Credential::Session,
@@ -315,14 +335,22 @@ pub(crate) async fn administers(state: &AppState, user: &UserId, ws: &WorkspaceI
 
 /// Attach `login` (owned by `user`, who administers the agent: checked by the caller) to `agent`,
 /// replacing the agent's login of the same provider.
-pub(crate) async fn attach(state: &AppState, user: &UserId, ws: &WorkspaceId, agent: &AgentId, login: &str) -> ApiResult<LoginRecord> {
+pub(crate) async fn attach(
+    state: &AppState,
+    user: &UserId,
+    ws: &WorkspaceId,
+    agent: &AgentId,
+    login: &str,
+) -> ApiResult<LoginRecord> {
     let _edits = state.edits.lock().await;
     let rec = record::load(state.store.as_ref(), login)
         .await?
         .filter(|l| l.owner == *user && l.connected())
         .ok_or_else(|| ApiError::bad_request("login: no connected provider login of yours has this id"))?;
     if !administers(state, user, ws, agent).await? {
-        return Err(ApiError::forbidden("a provider login is attached only by its owner, on an agent they administer"));
+        return Err(ApiError::forbidden(
+            "a provider login is attached only by its owner, on an agent they administer",
+        ));
     }
     let mut logins = record::agent_logins(state.store.as_ref(), agent)
         .await?
@@ -351,15 +379,32 @@ pub(crate) async fn attach(state: &AppState, user: &UserId, ws: &WorkspaceId, ag
     };
     write_file(state, agent, &rec, &placeholders).await;
     state
-        .audit(ws, Some((user, Credential::Session)), "provider_login.attach".into(), format!("agent/{agent}"), "ok", Some(format!("{} login {}", rec.provider.as_str(), rec.id)))
+        .audit(
+            ws,
+            Some((user, Credential::Session)),
+            "provider_login.attach".into(),
+            format!("agent/{agent}"),
+            "ok",
+            Some(format!("{} login {}", rec.provider.as_str(), rec.id)),
+        )
         .await;
     Ok(rec)
 }
 
 /// Write the credential file of `rec` into `agent` from its placeholders; problems are logged (the file
 /// is written again before the next run).
-async fn write_file(state: &AppState, agent: &AgentId, rec: &LoginRecord, placeholders: &[agenthold_core::secret::Placeholder]) {
-    let find = |name: String| placeholders.iter().find(|p| p.name == name).map(|p| p.placeholder.clone());
+async fn write_file(
+    state: &AppState,
+    agent: &AgentId,
+    rec: &LoginRecord,
+    placeholders: &[agenthold_core::secret::Placeholder],
+) {
+    let find = |name: String| {
+        placeholders
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.placeholder.clone())
+    };
     let (Some(access), Some(refresh), Some(meta)) = (
         find(rec.provider.access_secret()),
         find(rec.provider.refresh_secret()),
@@ -376,12 +421,24 @@ async fn write_file(state: &AppState, agent: &AgentId, rec: &LoginRecord, placeh
 
 /// Detach `agent`'s login of `provider` (every provider: `None`); `why` goes to the audit log. Callers
 /// must not hold `state.edits`.
-pub(crate) async fn detach(state: &AppState, agent: &AgentId, provider: Option<Provider>, actor: Option<(&UserId, Credential)>, why: &str) -> ApiResult<bool> {
+pub(crate) async fn detach(
+    state: &AppState,
+    agent: &AgentId,
+    provider: Option<Provider>,
+    actor: Option<(&UserId, Credential)>,
+    why: &str,
+) -> ApiResult<bool> {
     let _edits = state.edits.lock().await;
     detach_locked(state, agent, provider, actor, why).await
 }
 
-async fn detach_locked(state: &AppState, agent: &AgentId, provider: Option<Provider>, actor: Option<(&UserId, Credential)>, why: &str) -> ApiResult<bool> {
+async fn detach_locked(
+    state: &AppState,
+    agent: &AgentId,
+    provider: Option<Provider>,
+    actor: Option<(&UserId, Credential)>,
+    why: &str,
+) -> ApiResult<bool> {
     let Some(mut logins) = record::agent_logins(state.store.as_ref(), agent).await? else {
         return Ok(false);
     };
@@ -405,7 +462,14 @@ async fn detach_locked(state: &AppState, agent: &AgentId, provider: Option<Provi
     for item in &gone {
         credfile::remove(state, agent, item.provider).await;
         state
-            .audit(&logins.workspace, actor, "provider_login.detach".into(), format!("agent/{agent}"), "ok", Some(format!("{} login {}: {why}", item.provider.as_str(), item.login)))
+            .audit(
+                &logins.workspace,
+                actor,
+                "provider_login.detach".into(),
+                format!("agent/{agent}"),
+                "ok",
+                Some(format!("{} login {}: {why}", item.provider.as_str(), item.login)),
+            )
             .await;
     }
     Ok(true)
@@ -432,7 +496,16 @@ pub(crate) async fn recheck(state: &AppState, ws: Option<&WorkspaceId>) {
 async fn recheck_agent(state: &AppState, ws: &WorkspaceId, agent: &AgentId, logins: &AgentLogins) {
     for item in &logins.items {
         let keep = administers(state, &item.owner, ws, agent).await.unwrap_or(false);
-        if !keep && let Err(e) = detach(state, agent, Some(item.provider), None, "the owner no longer administers the agent").await {
+        if !keep
+            && let Err(e) = detach(
+                state,
+                agent,
+                Some(item.provider),
+                None,
+                "the owner no longer administers the agent",
+            )
+            .await
+        {
             tracing::error!(agent = %agent, error = %e.detail(), "could not detach a provider login");
         }
     }
@@ -440,7 +513,12 @@ async fn recheck_agent(state: &AppState, ws: &WorkspaceId, agent: &AgentId, logi
 
 /// Before a run of `harness` on `agent`: detach logins whose owner lost admin (fail closed), then make sure
 /// the harness's credential file is there when a login of its provider is attached.
-pub(crate) async fn before_run(state: &AppState, ws: &WorkspaceId, agent: &AgentId, harness: &str) -> ApiResult<()> {
+pub(crate) async fn before_run(
+    state: &AppState,
+    ws: &WorkspaceId,
+    agent: &AgentId,
+    harness: &str,
+) -> ApiResult<()> {
     let Some(logins) = record::agent_logins(state.store.as_ref(), agent).await? else {
         return Ok(());
     };
@@ -454,7 +532,11 @@ pub(crate) async fn before_run(state: &AppState, ws: &WorkspaceId, agent: &Agent
     let Some(rec) = record::load(state.store.as_ref(), &login).await? else {
         return Ok(());
     };
-    let present = state.runtime.read_file(agent, credfile::path(provider)).await.is_ok();
+    let present = state
+        .runtime
+        .read_file(agent, credfile::path(provider))
+        .await
+        .is_ok();
     if !present {
         let placeholders = state.runtime.agent_secrets(agent).await?;
         write_file(state, agent, &rec, &placeholders).await;
@@ -463,18 +545,38 @@ pub(crate) async fn before_run(state: &AppState, ws: &WorkspaceId, agent: &Agent
 }
 
 /// Withdraw `login` (its owner's call): detached from every agent, then deleted.
-pub(crate) async fn withdraw(state: &AppState, owner: &UserId, credential: Credential, login: &str) -> ApiResult<bool> {
-    let Some(rec) = record::load(state.store.as_ref(), login).await?.filter(|l| l.owner == *owner) else {
+pub(crate) async fn withdraw(
+    state: &AppState,
+    owner: &UserId,
+    credential: Credential,
+    login: &str,
+) -> ApiResult<bool> {
+    let Some(rec) = record::load(state.store.as_ref(), login)
+        .await?
+        .filter(|l| l.owner == *owner)
+    else {
         return Ok(false);
     };
     for (agent, logins) in record::all_agent_logins(state.store.as_ref()).await? {
         if let Some(item) = logins.items.iter().find(|i| i.login == rec.id) {
-            detach(state, &agent, Some(item.provider), Some((owner, credential)), "withdrawn by its owner").await?;
+            detach(
+                state,
+                &agent,
+                Some(item.provider),
+                Some((owner, credential)),
+                "withdrawn by its owner",
+            )
+            .await?;
         }
     }
     let _records = state.logins.record_lock.lock().await;
     record::delete(state.store.as_ref(), &rec.id).await?;
-    state.logins.latest.lock().unwrap_or_else(PoisonError::into_inner).remove(&rec.id);
+    state
+        .logins
+        .latest
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&rec.id);
     Ok(true)
 }
 

@@ -37,7 +37,12 @@ pub(crate) fn state_hash(state: &str) -> String {
 }
 
 /// The address the user opens to grant access.
-pub(crate) fn authorize_url(provider: Provider, cfg: &ProviderLoginConfig, state: &str, verifier: &str) -> String {
+pub(crate) fn authorize_url(
+    provider: Provider,
+    cfg: &ProviderLoginConfig,
+    state: &str,
+    verifier: &str,
+) -> String {
     let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()));
     let scope = cfg.scopes.join(" ");
     let mut pairs: Vec<(&str, &str)> = Vec::new();
@@ -80,7 +85,9 @@ pub(crate) struct Pasted {
 pub(crate) fn parse_pasted(input: &str) -> ApiResult<Pasted> {
     let input = input.trim();
     if input.is_empty() || input.len() > 8192 {
-        return Err(ApiError::bad_request("code: paste the code (1 to 8192 characters)"));
+        return Err(ApiError::bad_request(
+            "code: paste the code (1 to 8192 characters)",
+        ));
     }
     let bad = || ApiError::bad_request("code: not a code, a code#state, or an address with ?code=");
     if input.starts_with("http://") || input.starts_with("https://") {
@@ -101,7 +108,9 @@ pub(crate) fn parse_pasted(input: &str) -> ApiResult<Pasted> {
         }
         if let Some(error) = error {
             let shown: String = error.chars().filter(char::is_ascii_graphic).take(64).collect();
-            return Err(ApiError::bad_request(format!("the provider refused the login: {shown}")));
+            return Err(ApiError::bad_request(format!(
+                "the provider refused the login: {shown}"
+            )));
         }
         let code = code.filter(|c| !c.is_empty()).ok_or_else(bad)?;
         return Ok(Pasted { code, state });
@@ -186,13 +195,19 @@ pub(crate) async fn exchange(
         return Err(ApiError::bad_request(format!(
             "the provider refused the code (status {}{})",
             answer.status,
-            if shown.is_empty() { String::new() } else { format!(", {shown}") }
+            if shown.is_empty() {
+                String::new()
+            } else {
+                format!(", {shown}")
+            }
         )));
     }
     let t: TokenAnswer = answer
         .json("token answer")
         .map_err(|e| ApiError::new(http::StatusCode::BAD_GATEWAY, "provider_answer", e))?;
-    let now_ms = time::OffsetDateTime::now_utc().unix_timestamp().saturating_mul(1000);
+    let now_ms = time::OffsetDateTime::now_utc()
+        .unix_timestamp()
+        .saturating_mul(1000);
     let mut meta = TokenMeta {
         expires_at_ms: now_ms.saturating_add(t.expires_in.unwrap_or(3600).saturating_mul(1000)),
         scopes: t
@@ -209,8 +224,13 @@ pub(crate) async fn exchange(
         .as_ref()
         .and_then(|a| a.get("email_address").and_then(|e| e.as_str()).map(str::to_owned));
     if let Some(id_token) = &t.id_token {
-        let (header, claims) = jwt_parts(id_token)
-            .ok_or_else(|| ApiError::new(http::StatusCode::BAD_GATEWAY, "provider_answer", "the ID token is not a JWT"))?;
+        let (header, claims) = jwt_parts(id_token).ok_or_else(|| {
+            ApiError::new(
+                http::StatusCode::BAD_GATEWAY,
+                "provider_answer",
+                "the ID token is not a JWT",
+            )
+        })?;
         meta.account_id = claims
             .get("https://api.openai.com/auth")
             .and_then(|a| a.get("chatgpt_account_id"))
@@ -261,12 +281,24 @@ mod tests {
     fn pasted_codes() {
         assert_eq!(
             parse_pasted(" abc#st ").unwrap(),
-            Pasted { code: "abc".into(), state: Some("st".into()) }
+            Pasted {
+                code: "abc".into(),
+                state: Some("st".into())
+            }
         );
-        assert_eq!(parse_pasted("abc").unwrap(), Pasted { code: "abc".into(), state: None });
+        assert_eq!(
+            parse_pasted("abc").unwrap(),
+            Pasted {
+                code: "abc".into(),
+                state: None
+            }
+        );
         assert_eq!(
             parse_pasted("http://localhost:1455/auth/callback?code=c%2F1&scope=x&state=s").unwrap(),
-            Pasted { code: "c/1".into(), state: Some("s".into()) }
+            Pasted {
+                code: "c/1".into(),
+                state: Some("s".into())
+            }
         );
         assert!(parse_pasted("http://localhost:1455/auth/callback?error=access_denied").is_err());
         assert!(parse_pasted("http://localhost:1455/auth/callback").is_err());
@@ -279,13 +311,22 @@ mod tests {
     fn authorize_urls_carry_pkce_and_state() {
         let cfg = ProviderLoginConfig::claude();
         let url = authorize_url(Provider::Claude, &cfg, "st", "verifier");
-        assert!(url.starts_with("https://claude.com/cai/oauth/authorize?code=true&client_id="), "{url}");
-        assert!(url.contains("code_challenge_method=S256") && url.contains("state=st"), "{url}");
+        assert!(
+            url.starts_with("https://claude.com/cai/oauth/authorize?code=true&client_id="),
+            "{url}"
+        );
+        assert!(
+            url.contains("code_challenge_method=S256") && url.contains("state=st"),
+            "{url}"
+        );
         let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(b"verifier"));
         assert!(url.contains(&format!("code_challenge={challenge}")), "{url}");
         assert!(!url.contains("verifier"), "{url}");
         let url = authorize_url(Provider::Chatgpt, &ProviderLoginConfig::chatgpt(), "st", "v");
-        assert!(url.contains("redirect_uri=http%3A%2F%2Flocalhost%3A1455%2Fauth%2Fcallback"), "{url}");
+        assert!(
+            url.contains("redirect_uri=http%3A%2F%2Flocalhost%3A1455%2Fauth%2Fcallback"),
+            "{url}"
+        );
         assert!(url.contains("codex_cli_simplified_flow=true"), "{url}");
     }
 }

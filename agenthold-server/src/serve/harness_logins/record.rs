@@ -128,7 +128,8 @@ impl LoginRecord {
 }
 
 fn decode<T: for<'de> Deserialize<'de>>(what: &str, bytes: &[u8]) -> ApiResult<T> {
-    serde_json::from_slice(bytes).map_err(|e| ApiError::internal(&format!("the stored {what} is unreadable: {e}")))
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::internal(&format!("the stored {what} is unreadable: {e}")))
 }
 
 /// The login `id`.
@@ -195,7 +196,11 @@ pub(crate) async fn agent_logins(store: &dyn Store, agent: &AgentId) -> ApiResul
 }
 
 /// Store an agent's logins (none: the record goes).
-pub(crate) async fn save_agent_logins(store: &dyn Store, agent: &AgentId, logins: &AgentLogins) -> ApiResult<()> {
+pub(crate) async fn save_agent_logins(
+    store: &dyn Store,
+    agent: &AgentId,
+    logins: &AgentLogins,
+) -> ApiResult<()> {
     if logins.items.is_empty() {
         store.delete(AGENTS, agent.as_str().as_bytes()).await?;
     } else {

@@ -24,6 +24,7 @@ mod login_standins;
 #[allow(dead_code, reason = "shared by the login tests")]
 mod login_support;
 mod matrix;
+mod provider_logins;
 mod requests;
 mod secrets;
 mod smoke;
