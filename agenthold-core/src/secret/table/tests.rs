@@ -432,7 +432,9 @@ fn a_refresh_group_renews_every_member_and_shares_one_key() {
                 "refresh",
                 "rt-1".into(),
                 None,
-                vec![SecretRule::token_refresh(&["platform.claude.com"], "/v1/oauth/token", "access").unwrap()],
+                vec![
+                    SecretRule::token_refresh(&["platform.claude.com"], "/v1/oauth/token", "access").unwrap(),
+                ],
             )
             .unwrap(),
         ]
@@ -448,13 +450,21 @@ fn a_refresh_group_renews_every_member_and_shares_one_key() {
     assert!(t.refresh_response(&a, "refresh", answer).is_some());
     // b's next refresh goes up with the rotated token; c (another login) keeps its own.
     let b_ph = t.placeholders(&b)[1].placeholder.clone();
-    let up = t.refresh_request(&b, "refresh", "application/json", b_ph.as_bytes()).unwrap();
+    let up = t
+        .refresh_request(&b, "refresh", "application/json", b_ph.as_bytes())
+        .unwrap();
     assert_eq!(&up[..], b"rt-2");
     let c_ph = t.placeholders(&c)[1].placeholder.clone();
-    let up = t.refresh_request(&c, "refresh", "application/json", c_ph.as_bytes()).unwrap();
+    let up = t
+        .refresh_request(&c, "refresh", "application/json", c_ph.as_bytes())
+        .unwrap();
     assert_eq!(&up[..], b"rt-1");
     let seen = updates.lock().unwrap().clone();
-    for want in [("a", "access", "at-2"), ("b", "access", "at-2"), ("b", "refresh", "rt-2")] {
+    for want in [
+        ("a", "access", "at-2"),
+        ("b", "access", "at-2"),
+        ("b", "refresh", "rt-2"),
+    ] {
         assert!(
             seen.contains(&(want.0.into(), want.1.into(), want.2.as_bytes().to_vec())),
             "{want:?}: {seen:?}"
