@@ -402,7 +402,12 @@ mod tests {
             .save(store.as_ref(), &agent, &record)
             .await
             .unwrap();
-        let on_update = persist_refreshed(&store, &vault, &Arc::default());
+        let on_update = persist_refreshed(
+            &store,
+            &vault,
+            &Arc::default(),
+            &crate::runtime::RefreshListener::default(),
+        );
         let settle = || tokio::time::sleep(std::time::Duration::from_millis(200));
 
         // Untouched: the new value replaces the old one, bound to the same rules.

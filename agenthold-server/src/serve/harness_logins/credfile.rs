@@ -153,7 +153,7 @@ pub(crate) async fn remove(state: &AppState, agent: &AgentId, provider: Provider
     match state.runtime.exec_request(agent, request).await {
         Ok(out) if out.exit_code == 0 => {}
         Ok(out) => {
-            tracing::warn!(agent = %agent, code = out.exit_code, "could not remove a provider login's file")
+            tracing::warn!(agent = %agent, code = out.exit_code, "could not remove a provider login's file");
         }
         Err(e) => tracing::warn!(agent = %agent, error = %e, "could not remove a provider login's file"),
     }

@@ -210,11 +210,10 @@ pub(crate) async fn exchange(
         .saturating_mul(1000);
     let mut meta = TokenMeta {
         expires_at_ms: now_ms.saturating_add(t.expires_in.unwrap_or(3600).saturating_mul(1000)),
-        scopes: t
-            .scope
-            .as_deref()
-            .map(|s| s.split_whitespace().map(str::to_owned).collect())
-            .unwrap_or_else(|| cfg.scopes.clone()),
+        scopes: t.scope.as_deref().map_or_else(
+            || cfg.scopes.clone(),
+            |s| s.split_whitespace().map(str::to_owned).collect(),
+        ),
         subscription_type: t.subscription_type,
         last_refresh: crate::serve::records::now_rfc3339(),
         ..TokenMeta::default()
