@@ -25,6 +25,8 @@ use super::support::{Auth, TestServer};
 
 /// Claude Code's OAuth client id (the default of `harness_logins.claude.client_id`).
 const CLIENT: &str = "9d1c250a-e61b-44d9-88ed-5944d1962f5e";
+/// Codex's (the default of `harness_logins.chatgpt.client_id`).
+const CODEX_CLIENT: &str = "app_EMoamEEZ73f0CkXaXp7hrann";
 const API: &str = "api.anthropic.com";
 const AUTH: &str = "platform.claude.com";
 
@@ -32,6 +34,7 @@ const AUTH: &str = "platform.claude.com";
 struct Setup {
     server: TestServer,
     oauth: OAuth,
+    chatgpt: OAuth,
     https: Standin,
     http: Standin,
     _dns: TestDns,
@@ -49,8 +52,10 @@ impl Setup {
             .unwrap();
         let ca = Arc::new(TestCa::new());
         let oauth = OAuth::new(CLIENT, false, delay);
+        let chatgpt = OAuth::new(CODEX_CLIENT, true, delay);
         let mut routes = Routes::new();
         oauth.routes(&mut routes, "/oauth/authorize", "/v1/oauth/token");
+        chatgpt.routes(&mut routes, "/chatgpt/oauth/authorize", "/chatgpt/oauth/token");
         routes.route("*", "/v1/", |_| Reply::json(200, &json!({"ok": true})));
         routes.route("*", "/other/", |_| Reply::json(200, &json!({"ok": true})));
         let (https, http, dns) = rt.block_on(async {
@@ -68,7 +73,9 @@ impl Setup {
         let plain = http.addr();
         let yaml = format!(
             "egress:\n  dns_upstream: {}\nharness_logins:\n  claude:\n    authorize_url: http://{plain}/oauth/authorize\n    \
-             token_url: http://{plain}/v1/oauth/token\n    refresh_host: {AUTH}\n{extra_yaml}",
+             token_url: http://{plain}/v1/oauth/token\n    refresh_host: {AUTH}\n  chatgpt:\n    \
+             authorize_url: http://{plain}/chatgpt/oauth/authorize\n    token_url: http://{plain}/chatgpt/oauth/token\n    \
+             refresh_host: auth.openai.com\n    refresh_path: /oauth/token\n{extra_yaml}",
             dns.addr()
         );
         let up = https.addr();
@@ -86,6 +93,7 @@ impl Setup {
         Self {
             server,
             oauth,
+            chatgpt,
             https,
             http,
             _dns: dns,
@@ -103,11 +111,16 @@ impl Setup {
 
     /// Start a Claude login as `session`; (id, the stand-in's `code#state`).
     fn start_login(&self, session: &Auth) -> (String, Value) {
+        self.start_provider_login(session, "claude")
+    }
+
+    /// Start a login of `provider` as `session`; (id, what the stand-in's authorize answered).
+    fn start_provider_login(&self, session: &Auth, provider: &str) -> (String, Value) {
         let r = self.server.call(
             "POST",
             "/api/v1/me/provider-logins",
             session,
-            Some(&json!({"provider": "claude", "name": "mine"})),
+            Some(&json!({"provider": provider, "name": "mine"})),
         );
         assert_eq!(r.status, 201, "{:?}", r.body);
         assert_eq!(r.body["state"], "pending");
@@ -535,6 +548,58 @@ fn an_attached_login_stays_on_the_gateway_and_follows_its_owner() {
     );
     assert!(hits.trim().is_empty(), "a real token is in the sandbox: {hits}");
 
+    // A ChatGPT login on the same agent: codex's file, placeholders and an ID token that is not the
+    // provider's (same claims, no valid signature).
+    let (cid, page) = setup.start_provider_login(&alice, "chatgpt");
+    assert_eq!(
+        setup
+            .complete(&alice, &cid, page["redirect"].as_str().unwrap())
+            .status,
+        200
+    );
+    let r = s.call(
+        "PUT",
+        &path(&format!("/agents/{a}/provider-login")),
+        &alice_token,
+        Some(&json!({"login": cid})),
+    );
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(
+        agent_json(&setup, &alice_token, &ws, &a)["provider_logins"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    let (code, out) = sh(&a, "cat /workspace/.codex/auth.json");
+    assert_eq!(code, 0, "{out}");
+    let auth: Value = serde_json::from_str(&out).unwrap();
+    assert!(auth["OPENAI_API_KEY"].is_null());
+    assert!(
+        auth["tokens"]["access_token"]
+            .as_str()
+            .unwrap()
+            .starts_with("agenthold-placeholder"),
+        "{auth}"
+    );
+    assert!(
+        auth["tokens"]["refresh_token"]
+            .as_str()
+            .unwrap()
+            .starts_with("agenthold-placeholder"),
+        "{auth}"
+    );
+    assert_eq!(auth["tokens"]["account_id"], "acct-standin");
+    let id_token = auth["tokens"]["id_token"].as_str().unwrap();
+    assert!(
+        !id_token.ends_with(".c3RhbmRpbi1zaWduYXR1cmU"),
+        "the provider's ID token went in: {id_token}"
+    );
+    assert!(id_token.split('.').nth(1).is_some());
+    for t in setup.chatgpt.all_tokens() {
+        assert!(!out.contains(&t), "a ChatGPT token is in auth.json");
+    }
+
     // Dave (member, admin grant on b) attaches his own login to b; lowering his grant detaches it.
     let (dave_id, dave_token, dave) = setup.person("dave");
     assert_eq!(
@@ -610,8 +675,15 @@ fn an_attached_login_stays_on_the_gateway_and_follows_its_owner() {
         .status,
         204
     );
-    assert!(agent_json(&setup, &alice_token, &ws, &a)["provider_login"].is_null());
+    let left = agent_json(&setup, &alice_token, &ws, &a)["provider_logins"].clone();
+    assert_eq!(left.as_array().unwrap().len(), 1, "{left}");
+    assert_eq!(left[0]["provider"], "chatgpt", "{left}");
     assert!(credentials(&a).is_none());
+    assert_eq!(
+        sh(&a, "test -f /workspace/.codex/auth.json").0,
+        0,
+        "the other login's file went too"
+    );
     assert_eq!(curl(&a, &format!("{bearer} https://{API}/v1/probe-5")), 200);
     assert_eq!(
         received(&setup, "/v1/probe-5"),
