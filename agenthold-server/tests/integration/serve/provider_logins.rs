@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agenthold_testsupport::standin::oauth::OAuth;
-use agenthold_testsupport::standin::{PROVIDER_HOSTS, Reply, Routes, Standin};
+use agenthold_testsupport::standin::{FINAL_TEXT, PROVIDER_HOSTS, Reply, Routes, Standin, anthropic};
 use agenthold_testsupport::{TestCa, TestDns};
 use serde_json::{Value, json};
 
@@ -56,6 +56,8 @@ impl Setup {
         let mut routes = Routes::new();
         oauth.routes(&mut routes, "/oauth/authorize", "/v1/oauth/token");
         chatgpt.routes(&mut routes, "/chatgpt/oauth/authorize", "/chatgpt/oauth/token");
+        // The Messages API for the real `claude`; other paths answer 200 for the probes below.
+        anthropic::routes(&mut routes);
         routes.route("*", "/v1/", |_| Reply::json(200, &json!({"ok": true})));
         routes.route("*", "/other/", |_| Reply::json(200, &json!({"ok": true})));
         let (https, http, dns) = rt.block_on(async {
@@ -691,4 +693,145 @@ fn an_attached_login_stays_on_the_gateway_and_follows_its_owner() {
         "injected after the withdrawal"
     );
     let _ = (&setup.rt, &setup.http, &carol);
+}
+
+/// The harness image (`agenthold image build-harness`).
+const HARNESS_IMAGE: &str = "agenthold/harness:latest";
+
+// covers: S3, E15, P1
+#[test]
+#[ignore = "needs root, Docker and agenthold/harness:latest; make test runs it"]
+fn the_real_claude_runs_on_an_attached_login_and_its_refresh_is_answered_by_the_gateway() {
+    let present = Command::new("docker")
+        .args(["image", "inspect", HARNESS_IMAGE])
+        .output()
+        .unwrap();
+    assert!(
+        present.status.success(),
+        "{HARNESS_IMAGE} is missing: run `agenthold image build-harness` first"
+    );
+    let setup = Setup::start("", Duration::ZERO);
+    let s = &setup.server;
+    let (_, alice_token, alice) = setup.person("alice");
+    let ws = s.call(
+        "POST",
+        "/api/v1/workspaces",
+        &alice_token,
+        Some(&json!({"name": "w"})),
+    );
+    let ws = ws.body["id"].as_str().unwrap().to_owned();
+    let path = |rest: &str| format!("/api/v1/workspaces/{ws}{rest}");
+    let policy = json!({"mode": "allowlist", "entries": [API, AUTH]});
+    let r = s.call(
+        "POST",
+        &path("/agents"),
+        &alice_token,
+        Some(&json!({"name": "c", "image": HARNESS_IMAGE, "policy": policy})),
+    );
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let agent = r.body["id"].as_str().unwrap().to_owned();
+    let login = setup.connect(&alice);
+    let r = s.call(
+        "PUT",
+        &path(&format!("/agents/{agent}/provider-login")),
+        &alice_token,
+        Some(&json!({"login": login})),
+    );
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(
+        sh(&agent, "stat -c '%U %a' /workspace/.claude/.credentials.json")
+            .1
+            .trim(),
+        "agent 600"
+    );
+    // Force a refresh: the access token "expired" long ago.
+    let (code, out) = sh(
+        &agent,
+        "sed -i 's/\"expiresAt\": [0-9]*/\"expiresAt\": 1000/' /workspace/.claude/.credentials.json && \
+         grep -c '\"expiresAt\": 1000' /workspace/.claude/.credentials.json",
+    );
+    assert_eq!((code, out.trim()), (0, "1"));
+    let before = setup.oauth.grants().len();
+    let env = json!({
+        "HOME": "/workspace", "USER": "agent", "LOGNAME": "agent",
+        "DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    });
+    let argv = json!([
+        "setpriv",
+        "--reuid=agent",
+        "--regid=agent",
+        "--init-groups",
+        "--",
+        "claude",
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--dangerously-skip-permissions",
+    ]);
+    let r = s.call(
+        "POST",
+        &path(&format!("/agents/{agent}/execs")),
+        &alice_token,
+        Some(&json!({"argv": argv, "env": env, "cwd": "/workspace", "stdin": "Run the tool, then say what it printed.", "timeout": 180})),
+    );
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let (stdout, stderr) = (
+        r.body["stdout"].as_str().unwrap_or_default(),
+        r.body["stderr"].as_str().unwrap_or_default(),
+    );
+    assert_eq!(r.body["exit_code"], 0, "claude failed:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains(FINAL_TEXT),
+        "no final message:\n{stdout}\n{stderr}"
+    );
+    // The refresh went through the gateway to the provider with the real refresh token.
+    let grants = setup.oauth.grants();
+    let refreshes: Vec<_> = grants[before..]
+        .iter()
+        .filter(|g| g.grant_type == "refresh_token")
+        .collect();
+    assert!(
+        !refreshes.is_empty() && refreshes.iter().all(|g| g.ok),
+        "no refresh: {grants:#?}\n{stderr}"
+    );
+    let newest = refreshes.last().unwrap().issued.clone().unwrap().0;
+    // The Messages API got the refreshed access token, injected, in `authorization` only.
+    let messages = setup.https.requests_to("/v1/messages");
+    assert!(
+        !messages.is_empty(),
+        "claude never called the Messages API:\n{stderr}"
+    );
+    for m in &messages {
+        assert_eq!(
+            m.header("authorization"),
+            Some(format!("Bearer {newest}").as_str()),
+            "{m:?}"
+        );
+        assert!(m.header("x-api-key").is_none());
+    }
+    // The sandbox holds placeholders only, also after claude rewrote its file.
+    let file = credentials(&agent).unwrap();
+    assert!(
+        file["claudeAiOauth"]["accessToken"]
+            .as_str()
+            .unwrap()
+            .starts_with("agenthold-placeholder"),
+        "{file}"
+    );
+    let needles: Vec<String> = setup
+        .oauth
+        .all_tokens()
+        .iter()
+        .map(|t| format!("-e '{t}'"))
+        .collect();
+    let (_, hits) = sh(
+        &agent,
+        &format!(
+            "grep -rlsF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev {} /",
+            needles.join(" ")
+        ),
+    );
+    assert!(hits.trim().is_empty(), "a real token is in the sandbox: {hits}");
+    let _ = (&setup.rt, &setup.http, &alice);
 }
