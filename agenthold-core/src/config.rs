@@ -23,6 +23,9 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 
+mod harness_logins;
+pub use harness_logins::{HarnessLoginsConfig, ProviderLoginConfig};
+
 /// Prefix of every environment variable that overrides a configuration key.
 pub const ENV_PREFIX: &str = "AGENTHOLD_";
 
@@ -48,6 +51,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// The reference server's sessions, login links and rate limits.
     pub auth: AuthConfig,
+    /// The reference server's provider logins (Claude, ChatGPT accounts for the harnesses).
+    pub harness_logins: HarnessLoginsConfig,
 }
 
 /// `egress.*`: the gateway's ports, upstream DNS, request log, timeouts, address deny list and DNS budgets.
@@ -706,6 +711,9 @@ impl Config {
             if secs == 0 {
                 return fail(key, "must be at least 1 second, found 0".into());
             }
+        }
+        if let Err((key, problem)) = self.harness_logins.validate() {
+            return Err((vec![key], problem));
         }
         let s = &self.sandbox;
         if s.image.trim().is_empty() {

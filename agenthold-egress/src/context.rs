@@ -72,6 +72,8 @@ pub(crate) struct Context {
     pub(crate) budget: Arc<Budget>,
     /// Open long-lived connections, swept on policy changes (E21).
     pub(crate) open: Arc<OpenConnections>,
+    /// One lock per refresh group: a group's token refreshes run one at a time (E15).
+    pub(crate) refresh_locks: crate::refresh::RefreshLocks,
 }
 
 impl Context {

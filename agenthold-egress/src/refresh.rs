@@ -2,6 +2,18 @@
 //! a placeholder) to the provider's token URL; the gateway sends the refresh upstream with the real refresh
 //! token, lets the injector keep the new tokens, and answers the sandbox with placeholders only. The one
 //! place where the gateway reads bodies: both are small and bounded, and only on this path.
+//!
+//! Refreshes of one refresh group (the injector's [`SecretInjector::refresh_group`]: one account's tokens,
+//! in one or several agents) run one at a time, from reading the request to keeping the new tokens:
+//! providers rotate refresh tokens and revoke the whole family when a spent one comes back, so a second
+//! refresh must wait for the first and then go up with the rotated token.
+//!
+//! [`SecretInjector::refresh_group`]: agenthold_core::secret::SecretInjector::refresh_group
+// enforces: E15
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
 
 use agenthold_core::AgentId;
 use agenthold_core::policy::DenyReason;
@@ -21,6 +33,28 @@ use crate::upstream::{ProxyBody, upstream_request};
 const MAX_REQUEST: usize = 64 * 1024;
 /// Largest token response read from an upstream.
 const MAX_RESPONSE: usize = 1024 * 1024;
+/// The longest the provider's token endpoint may take to answer, head and body each.
+const UPSTREAM_WAIT: Duration = Duration::from_secs(30);
+/// The longest a refresh waits for the one of its group before it (whose upstream calls are bounded).
+const GROUP_WAIT: Duration = Duration::from_secs(120);
+
+/// One async lock per refresh group, forgotten when no refresh holds or waits for it.
+#[derive(Debug, Default)]
+pub(crate) struct RefreshLocks(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
+
+impl RefreshLocks {
+    /// The lock of `group`.
+    pub(crate) fn get(&self, group: String) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        map.retain(|_, lock| lock.strong_count() > 0);
+        if let Some(lock) = map.get(&group).and_then(Weak::upgrade) {
+            return lock;
+        }
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        map.insert(group, Arc::downgrade(&lock));
+        lock
+    }
+}
 
 /// Answer `agent`'s token refresh for the refresh-token secret `secret`.
 pub(crate) async fn answer(
@@ -36,6 +70,15 @@ pub(crate) async fn answer(
         return refuse(gw, entry, StatusCode::INTERNAL_SERVER_ERROR, "no injector");
     };
     entry.secret = Some(secret.to_owned());
+    let lock = gw.refresh_locks.get(injector.refresh_group(agent, secret));
+    let Ok(_one_at_a_time) = tokio::time::timeout(GROUP_WAIT, lock.lock_owned()).await else {
+        return refuse(
+            gw,
+            entry,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "another refresh of this login is still running",
+        );
+    };
     let (mut parts, body) = req.into_parts();
     let content_type = parts
         .headers
@@ -93,16 +136,25 @@ pub(crate) async fn answer(
         Ok(r) => r,
         Err(problem) => return refuse_pending(pending, StatusCode::BAD_REQUEST, problem),
     };
-    let response = match gw.client.request(request).await {
-        Ok(r) => r,
-        Err(e) => {
+    let response = match tokio::time::timeout(UPSTREAM_WAIT, gw.client.request(request)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
             pending.entry.fail(format!("upstream: {e}"));
             return refuse_pending(pending, StatusCode::BAD_GATEWAY, "token refresh upstream failed");
+        }
+        Err(_) => {
+            pending.entry.fail("upstream: no answer in time");
+            return refuse_pending(
+                pending,
+                StatusCode::GATEWAY_TIMEOUT,
+                "token refresh upstream timed out",
+            );
         }
     };
     let (mut parts, body) = response.into_parts();
     pending.entry.status = Some(parts.status.as_u16());
-    let body = match Limited::new(body, MAX_RESPONSE).collect().await {
+    let collected = tokio::time::timeout(UPSTREAM_WAIT, Limited::new(body, MAX_RESPONSE).collect()).await;
+    let body = match collected.unwrap_or_else(|_| Err("no whole answer in time".into())) {
         Ok(b) => b.to_bytes(),
         Err(e) => {
             pending.entry.fail(format!("token response: {e}"));

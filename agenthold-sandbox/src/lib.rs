@@ -17,6 +17,6 @@ mod table;
 pub mod tunnel;
 
 pub use docker::{DockerConfig, DockerSandbox};
-pub use runtime::{Runtime, RuntimeBuilder, SandboxContext};
+pub use runtime::{RefreshListenerFn, Runtime, RuntimeBuilder, SandboxContext};
 
 pub use error::{Error, Result};

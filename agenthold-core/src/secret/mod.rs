@@ -684,6 +684,13 @@ pub trait SecretInjector: Send + Sync {
         None
     }
 
+    /// The key of the refresh group `agent`'s refresh secret `secret` belongs to: the gateway runs one
+    /// refresh per key at a time, so a rotated refresh token is never sent twice. The default: each secret
+    /// of each agent is its own group.
+    fn refresh_group(&self, agent: &AgentId, secret: &str) -> String {
+        format!("secret\n{agent}\n{secret}")
+    }
+
     /// The upstream refused a refresh with `body` (an error such as `invalid_grant`): what the sandbox gets
     /// instead, with every form of the real tokens replaced by placeholders (a provider may quote the token
     /// it refused). The default answers a generic error and passes nothing on.

@@ -111,6 +111,10 @@ pub struct SecretTable {
     agents: RwLock<HashMap<AgentId, Arc<AgentSecrets>>>,
     leak_guard: LeakGuard,
     on_update: Option<OnUpdate>,
+    /// Refresh groups: `(agent, refresh secret name)` → group. Secrets of one group hold the same account's
+    /// tokens in several agents (one provider login attached to several agents, E15): a refresh through
+    /// one renews all of them, and the gateway lets one refresh of a group run at a time.
+    groups: RwLock<HashMap<(AgentId, String), String>>,
 }
 
 impl std::fmt::Debug for SecretTable {
@@ -131,6 +135,7 @@ impl SecretTable {
             agents: RwLock::default(),
             leak_guard,
             on_update: None,
+            groups: RwLock::default(),
         }
     }
 
@@ -139,6 +144,37 @@ impl SecretTable {
     pub fn with_on_update(mut self, on_update: OnUpdate) -> Self {
         self.on_update = Some(on_update);
         self
+    }
+
+    /// Put `agent`'s refresh-token secret `secret` in refresh group `group` (`None`: in none, its own).
+    /// Every secret of a group holds the same account's tokens: a refresh answered for one of them renews
+    /// the refresh secret and its access secret of every other member too (each reported to `on_update`),
+    /// and [`SecretInjector::refresh_group`] names the group so the gateway runs one refresh of it at a
+    /// time (providers rotate refresh tokens and revoke the whole family when an old one is reused).
+    pub fn set_refresh_group(&self, agent: &AgentId, secret: &str, group: Option<String>) {
+        let mut groups = self.groups.write().unwrap_or_else(PoisonError::into_inner);
+        let key = (agent.clone(), secret.to_owned());
+        match group {
+            Some(g) => {
+                groups.insert(key, g);
+            }
+            None => {
+                groups.remove(&key);
+            }
+        }
+    }
+
+    /// The other members of `agent`'s secret `secret`'s refresh group: (agent, refresh secret name).
+    fn group_peers(&self, agent: &AgentId, secret: &str) -> Vec<(AgentId, String)> {
+        let groups = self.groups.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(group) = groups.get(&(agent.clone(), secret.to_owned())) else {
+            return Vec::new();
+        };
+        groups
+            .iter()
+            .filter(|((a, s), g)| *g == group && !(a == agent && s == secret))
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// Attach `secrets` to `agent`, replacing what it had. A secret that keeps its name keeps its
@@ -455,16 +491,51 @@ impl SecretInjector for SecretTable {
             }
         }
         let sanitized = serde_json::to_vec(&json).ok()?;
-        for (name, value) in updates {
-            if header_value_problem(value.expose()).is_some() {
-                return None;
-            }
-            self.update_value(agent, &name, &value);
+        if updates
+            .iter()
+            .any(|(_, value)| header_value_problem(value.expose()).is_some())
+        {
+            return None;
+        }
+        let access_name = access.spec.name.clone();
+        for (name, value) in &updates {
+            self.update_value(agent, name, value);
             if let Some(on_update) = &self.on_update {
-                on_update(agent, &name, &value);
+                on_update(agent, name, value);
+            }
+        }
+        // The same account in other agents: their copies of the rotated tokens are renewed too (the old
+        // refresh token is spent).
+        for (peer, peer_refresh) in self.group_peers(agent, secret) {
+            let Some(peer_secrets) = self.get(&peer) else {
+                continue;
+            };
+            let Some((_, peer_access)) = refresh_pair(&peer_secrets.attached, &peer_refresh) else {
+                continue;
+            };
+            let peer_access = peer_access.spec.name.clone();
+            for (name, value) in &updates {
+                let target = if *name == access_name {
+                    peer_access.as_str()
+                } else {
+                    peer_refresh.as_str()
+                };
+                if self.update_value(&peer, target, value)
+                    && let Some(on_update) = &self.on_update
+                {
+                    on_update(&peer, target, value);
+                }
             }
         }
         Some(sanitized)
+    }
+
+    fn refresh_group(&self, agent: &AgentId, secret: &str) -> String {
+        let groups = self.groups.read().unwrap_or_else(PoisonError::into_inner);
+        match groups.get(&(agent.clone(), secret.to_owned())) {
+            Some(group) => format!("group\n{group}"),
+            None => format!("secret\n{agent}\n{secret}"),
+        }
     }
 
     fn refresh_error(&self, agent: &AgentId, secret: &str, body: &[u8]) -> Vec<u8> {

@@ -191,8 +191,9 @@ impl RuntimeBuilder {
             &config.master_key_file()?,
         )?));
         let record_lock = Arc::new(tokio::sync::Mutex::new(()));
+        let refresh_listener = super::RefreshListener::default();
         let mut egress = EgressStack::builder(&config.egress, &data_dir)
-            .on_secret_update(persist_refreshed(&store, &vault, &record_lock))
+            .on_secret_update(persist_refreshed(&store, &vault, &record_lock, &refresh_listener))
             .dangerous(self.dangerous);
         if let Some(policy) = self.policy {
             egress = egress.policy(policy);
@@ -249,6 +250,7 @@ impl RuntimeBuilder {
             tunnel,
             pool,
             record_lock,
+            refresh_listener,
             cancel,
         };
         runtime.restore().await?;
@@ -264,10 +266,19 @@ fn persist_refreshed(
     store: &Arc<dyn Store>,
     vault: &Arc<Vault>,
     record_lock: &Arc<tokio::sync::Mutex<()>>,
+    listener: &super::RefreshListener,
 ) -> agenthold_core::secret::OnUpdate {
     let (store, vault, record_lock) = (Arc::clone(store), Arc::clone(vault), Arc::clone(record_lock));
+    let listener = Arc::clone(listener);
     let handle = tokio::runtime::Handle::try_current().ok();
     Box::new(move |agent: &AgentId, name: &str, value: &SecretValue| {
+        let listening = listener
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(listening) = listening {
+            listening(agent, name, value);
+        }
         let Some(handle) = &handle else { return };
         let (store, vault, record_lock, agent, name) = (
             Arc::clone(&store),
@@ -404,7 +415,12 @@ mod tests {
             .save(store.as_ref(), &agent, &record)
             .await
             .unwrap();
-        let on_update = persist_refreshed(&store, &vault, &Arc::default());
+        let on_update = persist_refreshed(
+            &store,
+            &vault,
+            &Arc::default(),
+            &crate::runtime::RefreshListener::default(),
+        );
         let settle = || tokio::time::sleep(std::time::Duration::from_millis(200));
 
         // Untouched: the new value replaces the old one, bound to the same rules.

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use agenthold_core::policy::{EgressPolicy, NetworkPolicy};
 use agenthold_core::sandbox::{ContainerSpec, GatewaySpec, SandboxInfo, SandboxSpec};
-use agenthold_core::secret::SecretInjector;
+use agenthold_core::secret::{SecretInjector, SecretValue};
 use agenthold_core::{AgentId, Config, Sandbox, Store, Vault};
 use agenthold_egress::log::LogEntry;
 use agenthold_egress::{CertificateAuthority, Gateway};
@@ -66,8 +66,15 @@ pub struct Runtime {
     /// Held while an agent's record is read, changed and stored again (policy, secrets, a refreshed token,
     /// forgetting), so two changes never lose one another.
     record_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Told about every token refresh's new values, after the runtime kept them (see
+    /// [`Runtime::on_token_refresh`]).
+    refresh_listener: RefreshListener,
     cancel: CancellationToken,
 }
+
+/// What [`Runtime::on_token_refresh`] installs.
+pub type RefreshListenerFn = Arc<dyn Fn(&AgentId, &str, &SecretValue) + Send + Sync>;
+type RefreshListener = Arc<std::sync::RwLock<Option<RefreshListenerFn>>>;
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,6 +85,18 @@ impl std::fmt::Debug for Runtime {
 }
 
 impl Runtime {
+    /// Call `listener` with `(agent, secret name, new value)` whenever the gateway answered a token refresh
+    /// and renewed one of an agent's secrets (E15), synchronously, while the refresh still holds its
+    /// group's lock: an embedder that keeps its own copy of an account's tokens (the reference server's
+    /// provider logins) records the rotated ones before the next refresh of that account can start. The
+    /// runtime persists the agent's own record anyway. Replaces an earlier listener.
+    pub fn on_token_refresh(&self, listener: RefreshListenerFn) {
+        *self
+            .refresh_listener
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(listener);
+    }
+
     /// Start building a runtime.
     #[must_use]
     pub fn builder() -> RuntimeBuilder {

@@ -15,6 +15,7 @@ pub(crate) mod admin;
 mod api;
 mod credentials;
 mod execs;
+mod harness_logins;
 mod login;
 mod messages;
 mod providers;
@@ -154,11 +155,13 @@ impl Server {
             execs,
             runs,
             providers,
+            logins: Arc::new(harness_logins::Logins::new().context("the provider logins' HTTP client")?),
         });
         secrets::reconcile(&state).await;
         if let Some(hook) = hook {
             hook.bind(&state);
         }
+        harness_logins::install(&state, state.shutdown.clone()).await;
         Ok(Self { state, data_dir })
     }
 

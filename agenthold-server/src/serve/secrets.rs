@@ -269,6 +269,8 @@ pub(crate) async fn apply(
         kept.push(item);
     }
     atts.items = kept;
+    // The provider logins attached to the agent are agent secrets too (E15).
+    specs.extend(super::harness_logins::specs_for(state, agent).await?);
     let placeholders = state.runtime.set_secrets(agent, specs).await?;
     save_attachments(state.store.as_ref(), agent, &atts).await?;
     Ok(placeholders)
@@ -315,6 +317,9 @@ async fn in_step(state: &AppState, agent: &AgentId, atts: &Attachments) -> ApiRe
             Some(secret) if secret.revision == item.revision => want.push((secret.name, item.env.clone())),
             _ => return Ok(false),
         }
+    }
+    for spec in super::harness_logins::specs_for(state, agent).await? {
+        want.push((spec.name, None));
     }
     let mut have: Vec<_> = state
         .runtime

@@ -54,6 +54,8 @@ pub(crate) struct Shared {
     pub(crate) providers: Arc<Providers>,
     /// Webhook deliveries per client address (S8), apart from the unauthenticated limit.
     pub(crate) hook_limits: Arc<RateLimits>,
+    /// Provider logins (Claude, ChatGPT accounts for the harnesses): what is kept besides the store.
+    pub(crate) logins: Arc<super::harness_logins::Logins>,
 }
 
 /// One cancellation token per agent that someone waits on, fired (and forgotten) when the agent is deleted.

@@ -8,10 +8,14 @@
 //! - [`openai`]: the Responses API (`POST /v1/responses`, streamed) in the shape Codex reads: a shell
 //!   function call first, then a final message and `response.completed` with usage.
 //!
-//! Other routes (OAuth token endpoints, …) are added with [`Routes::route`]; the first matching route
+//! - [`oauth`]: the providers' OAuth endpoints for provider logins (authorization with PKCE S256, code
+//!   exchange, refresh with rotation and family revocation on reuse).
+//!
+//! Other routes are added with [`Routes::route`]; the first matching route
 //! answers, anything unmatched gets a `404` JSON error and is recorded all the same.
 
 pub mod anthropic;
+pub mod oauth;
 pub mod openai;
 
 use std::convert::Infallible;

@@ -404,6 +404,77 @@ fn token_refresh_keeps_real_tokens_on_the_gateway() {
     );
 }
 
+// covers: E15
+#[test]
+fn a_refresh_group_renews_every_member_and_shares_one_key() {
+    let updates = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&updates);
+    let t = SecretTable::new(LeakGuard::Block).with_on_update(Box::new(move |agent, name, value| {
+        seen.lock()
+            .unwrap()
+            .push((agent.to_string(), name.to_owned(), value.expose().to_vec()));
+    }));
+    let (a, b, c) = (
+        AgentId::new("a").unwrap(),
+        AgentId::new("b").unwrap(),
+        AgentId::new("c").unwrap(),
+    );
+    let specs = || {
+        vec![
+            SecretSpec::new(
+                "access",
+                "at-1".into(),
+                None,
+                vec![SecretRule::login(&["api.anthropic.com"], "authorization", &["/v1/"]).unwrap()],
+            )
+            .unwrap(),
+            SecretSpec::new(
+                "refresh",
+                "rt-1".into(),
+                None,
+                vec![
+                    SecretRule::token_refresh(&["platform.claude.com"], "/v1/oauth/token", "access").unwrap(),
+                ],
+            )
+            .unwrap(),
+        ]
+    };
+    for agent in [&a, &b, &c] {
+        t.set(agent, specs());
+    }
+    t.set_refresh_group(&a, "refresh", Some("login-1".into()));
+    t.set_refresh_group(&b, "refresh", Some("login-1".into()));
+    assert_eq!(t.refresh_group(&a, "refresh"), t.refresh_group(&b, "refresh"));
+    assert_ne!(t.refresh_group(&a, "refresh"), t.refresh_group(&c, "refresh"));
+    let answer = br#"{"access_token":"at-2","refresh_token":"rt-2"}"#;
+    assert!(t.refresh_response(&a, "refresh", answer).is_some());
+    // b's next refresh goes up with the rotated token; c (another login) keeps its own.
+    let b_ph = t.placeholders(&b)[1].placeholder.clone();
+    let up = t
+        .refresh_request(&b, "refresh", "application/json", b_ph.as_bytes())
+        .unwrap();
+    assert_eq!(&up[..], b"rt-2");
+    let c_ph = t.placeholders(&c)[1].placeholder.clone();
+    let up = t
+        .refresh_request(&c, "refresh", "application/json", c_ph.as_bytes())
+        .unwrap();
+    assert_eq!(&up[..], b"rt-1");
+    let seen = updates.lock().unwrap().clone();
+    for want in [
+        ("a", "access", "at-2"),
+        ("b", "access", "at-2"),
+        ("b", "refresh", "rt-2"),
+    ] {
+        assert!(
+            seen.contains(&(want.0.into(), want.1.into(), want.2.as_bytes().to_vec())),
+            "{want:?}: {seen:?}"
+        );
+    }
+    assert!(!seen.iter().any(|(agent, _, _)| agent == "c"));
+    t.set_refresh_group(&b, "refresh", None);
+    assert_ne!(t.refresh_group(&a, "refresh"), t.refresh_group(&b, "refresh"));
+}
+
 #[test]
 fn placeholders_survive_a_reset_and_values_update() {
     let (t, a, p) = table(LeakGuard::Block);

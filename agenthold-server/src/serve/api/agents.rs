@@ -71,6 +71,13 @@ pub(crate) struct AgentView {
     credentials_inside: bool,
     /// The paths of those files inside the sandbox (empty unless `credentials_inside`).
     credentials_files: Vec<String>,
+    /// The provider login its harness uses, and whose it is (one agent only; the Claude login when it
+    /// has both, see `provider_logins`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provider_login: Option<super::provider_logins::AgentLoginView>,
+    /// Every provider login it uses, one per provider (one agent only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provider_logins: Option<Vec<super::provider_logins::AgentLoginView>>,
 }
 
 /// An agent's resource limits.
@@ -100,6 +107,8 @@ impl AgentView {
             limits: None,
             credentials_inside: meta.credentials_inside,
             credentials_files: meta.credentials_files,
+            provider_login: None,
+            provider_logins: None,
         }
     }
 }
@@ -338,6 +347,9 @@ async fn full_view(
             pids: spec.pids,
         });
     }
+    let logins = super::provider_logins::agent_logins(state, &agent).await?;
+    view.provider_login = logins.first().cloned();
+    view.provider_logins = Some(logins);
     Ok(view)
 }
 
@@ -559,6 +571,7 @@ async fn delete_agent(
     records::delete(state.store.as_ref(), &agent).await?;
     crate::serve::secrets::forget_agent(state.store.as_ref(), &agent).await;
     crate::serve::webhooks::forget_agent(state.store.as_ref(), &agent).await;
+    crate::serve::harness_logins::forget_agent(&state, &agent).await;
     state.agents_gone.fire(&agent);
     state.execs.forget_agent(&agent).await?;
     state.runs.forget_agent(&agent).await?;
@@ -660,6 +673,8 @@ async fn set_grant(
     let (ws, agent, _) = agent_meta(&state, &caller, &ws, &agent, Action::Administer).await?;
     let user = UserId::new(user).map_err(|_| ApiError::not_found())?;
     let added = state.dir.set_grant(&ws, &agent, &user, body.role).await?;
+    // A lowered grant may end the user's admin rights: their provider login goes (S3).
+    crate::serve::harness_logins::recheck(&state, Some(&ws)).await;
     let view = GrantView {
         id: user.to_string(),
         user: user.to_string(),
@@ -687,5 +702,6 @@ async fn remove_grant(
     if !state.dir.remove_grant(&ws, &agent, &user).await? {
         return Err(ApiError::not_found());
     }
+    crate::serve::harness_logins::recheck(&state, Some(&ws)).await;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

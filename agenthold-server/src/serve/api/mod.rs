@@ -18,6 +18,7 @@ mod json;
 mod me;
 mod messages;
 mod policy;
+mod provider_logins;
 mod requests;
 mod roles;
 mod runs;
@@ -102,6 +103,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(files::routes())
         .merge(terminal::routes())
         .merge(webhooks::routes())
+        .merge(provider_logins::routes())
 }
 
 /// The OpenAPI document of the API (the same list the router serves).

@@ -289,6 +289,12 @@ async fn create_secret(
     };
     let value = body.value.0;
     check_secret(&body.name, &value, &rules)?;
+    // The agent secrets of provider logins are named so (S3): a workspace secret must not clash with them.
+    if body.name.starts_with("provider-login.") {
+        return Err(ApiError::bad_request(
+            "names starting with \"provider-login.\" are reserved for provider logins",
+        ));
+    }
     let _edits = state.edits.lock().await;
     let existing = records::list(state.store.as_ref(), &ws).await?;
     if existing.iter().any(|s| s.name == body.name) {

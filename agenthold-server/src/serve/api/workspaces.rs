@@ -453,6 +453,8 @@ async fn set_member(
             .await?;
     }
     let added = state.dir.set_member(&ws, &user, body.role).await?;
+    // A lower role may end admin rights on agents: their provider logins go (S3).
+    crate::serve::harness_logins::recheck(&state, Some(&ws)).await;
     let view = MemberView::member(&user, found.name, body.role);
     let status = if added {
         StatusCode::CREATED
@@ -498,6 +500,8 @@ async fn remove_member(
         Some(_) => {}
     }
     state.dir.remove_member(&ws, &user).await?;
+    // Their provider logins leave the workspace's agents with them (S3).
+    crate::serve::harness_logins::recheck(&state, Some(&ws)).await;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

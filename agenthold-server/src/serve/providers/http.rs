@@ -15,6 +15,8 @@ use tokio::net::TcpStream;
 
 /// Every call to a provider ends within this (connect, TLS, request, the whole answer).
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(10);
+/// The media type of form bodies.
+const FORM: &str = "application/x-www-form-urlencoded";
 /// The most a provider's answer may weigh (discovery, JWKS, tokens and user records are a few KiB).
 pub(crate) const MAX_BODY: usize = 1024 * 1024;
 
@@ -90,7 +92,19 @@ impl Client {
         let body = form_urlencoded::Serializer::new(String::new())
             .extend_pairs(form)
             .finish();
-        self.send(Method::POST, url, headers, Some(body.into_bytes()))
+        self.send(Method::POST, url, headers, Some((FORM, body.into_bytes())))
+            .await
+    }
+
+    /// `POST url` with a JSON body (the provider logins' token endpoints of Claude).
+    pub(crate) async fn post_json(
+        &self,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &serde_json::Value,
+    ) -> Result<Answer, String> {
+        let body = serde_json::to_vec(body).map_err(|e| format!("{url}: {e}"))?;
+        self.send(Method::POST, url, headers, Some(("application/json", body)))
             .await
     }
 
@@ -101,7 +115,7 @@ impl Client {
         method: Method,
         url: &str,
         headers: &[(&str, &str)],
-        body: Option<Vec<u8>>,
+        body: Option<(&'static str, Vec<u8>)>,
     ) -> Result<Answer, String> {
         tokio::time::timeout(TIMEOUT, self.send_now(method, url, headers, body))
             .await
@@ -113,7 +127,7 @@ impl Client {
         method: Method,
         url: &str,
         headers: &[(&str, &str)],
-        body: Option<Vec<u8>>,
+        body: Option<(&'static str, Vec<u8>)>,
     ) -> Result<Answer, String> {
         if !agenthold_core::config::is_https_or_loopback(url) {
             return Err(format!("{url}: must be https unless the host is loopback"));
@@ -154,11 +168,15 @@ impl Client {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        if body.is_some() {
-            req = req.header(http::header::CONTENT_TYPE, "application/x-www-form-urlencoded");
-        }
+        let bytes = match body {
+            Some((content_type, bytes)) => {
+                req = req.header(http::header::CONTENT_TYPE, content_type);
+                bytes
+            }
+            None => Vec::new(),
+        };
         let req = req
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .body(Full::new(Bytes::from(bytes)))
             .map_err(|e| format!("{url}: {e}"))?;
         let response = sender
             .send_request(req)

@@ -13,7 +13,7 @@
 // enforces: S6
 
 mod github;
-mod http;
+pub(crate) mod http;
 mod jwt;
 mod next;
 mod oidc;

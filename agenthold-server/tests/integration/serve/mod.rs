@@ -29,6 +29,7 @@ mod login_standins;
 mod login_support;
 mod matrix;
 mod messages;
+mod provider_logins;
 mod requests;
 mod runs;
 mod secrets;

@@ -158,6 +158,25 @@ impl<'a> World<'a> {
         user
     }
 
+    /// A pending provider login of `caller`'s (started from their browser session: a token cannot).
+    fn provider_login(&self, caller: &Principal) -> Result<String, String> {
+        let answer = client::call(
+            &self.server.base,
+            "POST",
+            "/api/v1/me/provider-logins",
+            &Auth::Session(caller.session.clone()),
+            Some(&json!({"provider": "claude"})),
+            &[],
+        );
+        match answer.body["id"].as_str() {
+            Some(id) if answer.status == 201 => Ok(id.to_owned()),
+            _ => Err(format!(
+                "fixture provider login: {} {:?}",
+                answer.status, answer.body
+            )),
+        }
+    }
+
     /// The value of `{name}` in `op` for `caller`.
     pub(crate) fn fixture(
         &mut self,
@@ -170,6 +189,15 @@ impl<'a> World<'a> {
             "agent" => Ok(self.agent.clone()),
             "user" => Ok(self.subject.clone()),
             "id" if op.path.contains("/tokens/{id}") => Ok(caller.spare_id.clone()),
+            "id" if op.path.contains("/provider-logins/{id}") => {
+                let key = format!("provider-login/{}", caller.user);
+                if let Some(v) = self.made.get(&key) {
+                    return Ok(v.clone());
+                }
+                let v = self.provider_login(caller)?;
+                self.made.insert(key, v.clone());
+                Ok(v)
+            }
             _ => {
                 if let Some(v) = self.made.get(name) {
                     return Ok(v.clone());
@@ -191,6 +219,7 @@ impl<'a> World<'a> {
                 let token = self.server.admin(&["token", "create", "--user", &caller.user]);
                 Ok(token_id(self.server, &token))
             }
+            "id" if op.path.contains("/provider-logins/{id}") => self.provider_login(caller),
             _ => self.make(op, name),
         }
     }
@@ -299,6 +328,7 @@ impl<'a> World<'a> {
             for name in &op.params {
                 let known = matches!(name.as_str(), "ws" | "agent" | "user")
                     || (name == "id" && op.path.contains("/tokens/{id}"))
+                    || (name == "id" && op.path.contains("/provider-logins/{id}"))
                     || self.collection(name).is_some();
                 if !known {
                     out.push(format!(
