@@ -57,11 +57,6 @@ impl ApiError {
         self.status
     }
 
-    /// What the error says (for logs of errors that are not answered).
-    pub(crate) fn detail(&self) -> &str {
-        &self.detail
-    }
-
     /// 404 with the one body every missing or hidden thing gets (S5: a non-member cannot tell an agent it
     /// may not see from one that does not exist).
     pub(crate) fn not_found() -> Self {

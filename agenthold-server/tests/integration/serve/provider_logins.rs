@@ -57,7 +57,7 @@ impl Setup {
         oauth.routes(&mut routes, "/oauth/authorize", "/v1/oauth/token");
         chatgpt.routes(&mut routes, "/chatgpt/oauth/authorize", "/chatgpt/oauth/token");
         // The Messages API for the real `claude`; other paths answer 200 for the probes below.
-        anthropic::routes(&mut routes);
+        anthropic::routes(&mut routes, agenthold_testsupport::standin::TOOL_COMMAND);
         routes.route("*", "/v1/", |_| Reply::json(200, &json!({"ok": true})));
         routes.route("*", "/other/", |_| Reply::json(200, &json!({"ok": true})));
         let (https, http, dns) = rt.block_on(async {
