@@ -344,7 +344,7 @@ fn the_flow_needs_a_session_the_right_state_a_fresh_code_and_pkce() {
 #[test]
 #[ignore = "needs root and Docker; make test runs it"]
 fn an_attached_login_stays_on_the_gateway_and_follows_its_owner() {
-    let setup = Setup::start("", Duration::from_millis(400));
+    let mut setup = Setup::start("", Duration::from_millis(400));
     let s = &setup.server;
     let (alice_id, alice_token, alice) = setup.person("alice");
     let ws = s.call(
@@ -438,18 +438,22 @@ fn an_attached_login_stays_on_the_gateway_and_follows_its_owner() {
     );
     let real = setup.oauth.all_tokens();
     let needles: Vec<String> = real.iter().map(|t| format!("-e '{t}'")).collect();
+    // A control file proves the search sees the filesystem (its needle is written only there).
+    let control = "control-needle-7f3a9";
     let (code, hits) = sh(
         &a,
         &format!(
-            "grep -rlsF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev {} / ; \
+            "printf '%s%s' control- needle-7f3a9 > /tmp/control; \
+             grep -rlsF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev -e '{control}' {} / ; \
              (env; cat /proc/[0-9]*/environ) | tr '\\0' '\\n' | grep -F {}",
             needles.join(" "),
             needles.join(" ")
         ),
     );
-    assert!(
-        hits.trim().is_empty(),
-        "a real token is in the sandbox ({code}): {hits}"
+    assert_eq!(
+        hits.trim(),
+        "/tmp/control",
+        "a real token is in the sandbox, or the search saw nothing ({code})"
     );
 
     // The access token: only inside `authorization`, only on API paths.
@@ -549,6 +553,48 @@ fn an_attached_login_stays_on_the_gateway_and_follows_its_owner() {
         ),
     );
     assert!(hits.trim().is_empty(), "a real token is in the sandbox: {hits}");
+
+    // After a restart: both agents still send the newest token (the runtime kept the rotated values), and
+    // attaching the login again takes them from the login's record (sealed there by the refresh).
+    setup.server.stop();
+    setup.server.spawn();
+    let s = &setup.server;
+    assert_eq!(curl(&a, &format!("{bearer} https://{API}/v1/probe-6")), 200);
+    assert_eq!(received(&setup, "/v1/probe-6"), Some(format!("Bearer {newest}")));
+    assert_eq!(
+        s.call(
+            "DELETE",
+            &path(&format!("/agents/{b}/provider-login")),
+            &alice_token,
+            None
+        )
+        .status,
+        204
+    );
+    assert!(credentials(&b).is_none());
+    let r = s.call(
+        "PUT",
+        &path(&format!("/agents/{b}/provider-login")),
+        &alice_token,
+        Some(&json!({"login": login})),
+    );
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let b_access = credentials(&b).unwrap()["claudeAiOauth"]["accessToken"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        curl(
+            &b,
+            &format!("-H 'authorization: Bearer {b_access}' https://{API}/v1/probe-7")
+        ),
+        200
+    );
+    assert_eq!(
+        received(&setup, "/v1/probe-7"),
+        Some(format!("Bearer {newest}")),
+        "the record kept an old token"
+    );
 
     // A ChatGPT login on the same agent: codex's file, placeholders and an ID token that is not the
     // provider's (same claims, no valid signature).
