@@ -98,6 +98,23 @@ impl AppState {
         Self(Arc::new(shared))
     }
 
+    /// Start a harness run on `agent`, the one way every caller (API, webhook, agent message) starts one:
+    /// first the agent's provider logins are checked (S3: a login whose owner lost the agent is detached
+    /// before the run can use it, a missing credential file is written again), then the run starts.
+    ///
+    /// # Errors
+    /// As [`Runs::start`](super::runs::Runs::start), and a store error of the login check.
+    pub(crate) async fn start_run(
+        &self,
+        ws: &WorkspaceId,
+        agent: &AgentId,
+        started_by: &UserId,
+        new: super::runs::NewRun,
+    ) -> crate::serve::api::ApiResult<super::runs::RunRecord> {
+        super::harness_logins::before_run(self, ws, agent, new.harness.as_str()).await?;
+        self.runs.start(ws, agent, started_by, new).await
+    }
+
     /// A weak handle, for parts the state itself owns (the runtime's agent message hook).
     pub(crate) fn downgrade(&self) -> std::sync::Weak<Shared> {
         Arc::downgrade(&self.0)

@@ -255,7 +255,7 @@ async fn start_run(
         origin: RunOrigin::User(caller.user().clone()),
         depth: 0,
     };
-    let record = state.runs.start(&ws, &agent, caller.user(), new).await?;
+    let record = state.start_run(&ws, &agent, caller.user(), new).await?;
     let id = record.id.clone();
     let mut response = (StatusCode::ACCEPTED, Json(RunView::from(record))).into_response();
     if let Some(loc) = location(ws.as_str(), agent.as_str(), &id) {

@@ -69,10 +69,6 @@ impl Provider {
     }
 
     /// The provider whose account `harness` (`claude`, `codex`) uses.
-    #[allow(
-        dead_code,
-        reason = "used by before_run, which the runs API calls once it lands"
-    )]
     pub(crate) fn of_harness(harness: &str) -> Option<Self> {
         match harness {
             "claude" => Some(Self::Claude),
@@ -517,10 +513,6 @@ async fn recheck_agent(state: &AppState, ws: &WorkspaceId, agent: &AgentId, logi
 
 /// Before a run of `harness` on `agent`: detach logins whose owner lost admin (fail closed), then make sure
 /// the harness's credential file is there when a login of its provider is attached.
-#[allow(
-    dead_code,
-    reason = "the runs API (api/runs.rs) calls it before a harness starts"
-)]
 pub(crate) async fn before_run(
     state: &AppState,
     ws: &WorkspaceId,

@@ -234,7 +234,7 @@ async fn start(
         },
         depth,
     };
-    match state.runs.start(ws, &target.id, &sender.created_by, new).await {
+    match state.start_run(ws, &target.id, &sender.created_by, new).await {
         Ok(run) => Ok((run.id, target)),
         Err(e) => Err(Refusal::at(
             &target,

@@ -31,8 +31,7 @@ pub(super) async fn start(state: &AppState, hook: &Webhook, prompt: String) -> A
         depth: 0,
     };
     let run = state
-        .runs
-        .start(&hook.workspace, &hook.agent, &hook.created_by, new)
+        .start_run(&hook.workspace, &hook.agent, &hook.created_by, new)
         .await?;
     Ok(run.id)
 }
