@@ -20,6 +20,54 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/me/provider-logins": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_logins"];
+        put?: never;
+        post: operations["start_login"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/me/provider-logins/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete: operations["withdraw_login"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/me/provider-logins/{id}/complete": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["complete_login"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/me/tokens": {
         parameters: {
             query?: never;
@@ -251,6 +299,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/workspaces/{ws}/agents/{agent}/messages": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Agent-to-agent messages this agent sent (`direction: sent`) and received (`received`), started or refused, newest first. An agent sends with `agenthold-send AGENT_NAME PROMPT` inside its sandbox; see docs/server.md, "Agent-to-agent messages". */
+        get: operations["list_messages"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/workspaces/{ws}/agents/{agent}/network-policy": {
         parameters: {
             query?: never;
@@ -294,6 +359,22 @@ export interface paths {
         put?: never;
         post: operations["approve_suggestion"];
         delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/workspaces/{ws}/agents/{agent}/provider-login": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put: operations["attach_login"];
+        post?: never;
+        delete: operations["detach_login"];
         options?: never;
         head?: never;
         patch?: never;
@@ -653,6 +734,19 @@ export interface components {
             /** @description Pass as `cursor` for the next page; absent on the last. */
             next_cursor?: string | null;
         };
+        /** @description The login an agent uses (in the agent's JSON too). */
+        AgentLoginView: {
+            /** @description When it was attached (RFC 3339). */
+            attached_at: string;
+            /** @description Login id. */
+            id: string;
+            /** @description Whose account it is (user id). */
+            owner: string;
+            /** @description Their display name. */
+            owner_name: string;
+            /** @description `claude` or `chatgpt`. */
+            provider: components["schemas"]["Provider"];
+        };
         /** @description The secrets attached to an agent. */
         AgentSecretList: {
             /** @description In the order they were attached. */
@@ -700,6 +794,9 @@ export interface components {
             /** @description Its name. */
             name: string;
             policy?: components["schemas"]["PolicyBody"] | null;
+            provider_login?: components["schemas"]["AgentLoginView"] | null;
+            /** @description Every provider login it uses, one per provider (one agent only). */
+            provider_logins?: components["schemas"]["AgentLoginView"][] | null;
             /**
              * @description The caller's role on it: `admin`, `operator` or `viewer` (so a client shows only the actions the
              *     caller may take).
@@ -726,6 +823,14 @@ export interface components {
              * @example 443
              */
             port?: number | null;
+        };
+        /** @description `PUT …/agents/{agent}/provider-login`. */
+        AttachLogin: {
+            /**
+             * @description The id of a connected login of the caller's.
+             * @example pl_0123456789abcdef01234567
+             */
+            login: string;
         };
         /** @description `PUT …/agents/{agent}/secrets/{secret}`. */
         AttachSecret: {
@@ -762,6 +867,15 @@ export interface components {
             target: string;
             /** @description When (RFC 3339). */
             time: string;
+        };
+        /** @description `POST /api/v1/me/provider-logins/{id}/complete`. */
+        CompleteLogin: {
+            /**
+             * @description What the provider gave back: Claude's `code#state`, or the whole address ChatGPT redirected to
+             *     (`http://localhost:1455/auth/callback?code=…&state=…`), or the bare code.
+             * @example code#state
+             */
+            code: string;
         };
         /** @description `POST …/agents`. */
         CreateAgent: {
@@ -876,6 +990,11 @@ export interface components {
              */
             name?: string | null;
         };
+        /**
+         * @description Which side of a message a record is.
+         * @enum {string}
+         */
+        Direction: "sent" | "received";
         /** @description A page of execs. */
         ExecList: {
             /** @description Execs, newest first. */
@@ -1007,6 +1126,42 @@ export interface components {
              */
             pids?: number | null;
         };
+        /** @description An agent a login is attached to. */
+        LoginAgent: {
+            /** @description The agent. */
+            agent: string;
+            /** @description The workspace. */
+            workspace: string;
+        };
+        /** @description The caller's provider logins. */
+        LoginList: {
+            /** @description Oldest first. */
+            items: components["schemas"]["LoginView"][];
+        };
+        /** @description A provider login as its owner sees it (never a token). */
+        LoginView: {
+            /** @description The account, when the provider said (an email). */
+            account?: string | null;
+            /** @description The agents it is attached to. */
+            agents: components["schemas"]["LoginAgent"][];
+            /** @description While pending: the address to open, where the provider asks for consent and shows the code. */
+            authorize_url?: string | null;
+            /** @description When it was connected (RFC 3339). */
+            connected_at?: string | null;
+            /** @description When it was started (RFC 3339). */
+            created_at: string;
+            /** @description Login id (`pl_…`). */
+            id: string;
+            /** @description The name given at the start. */
+            name?: string | null;
+            /** @description `claude` or `chatgpt`. */
+            provider: components["schemas"]["Provider"];
+            /**
+             * @description `pending` (waiting for the code), `connected`, `expired` (the code came too late) or `failed` (the
+             *     provider refused the code: start again).
+             */
+            state: string;
+        };
         /** @description The caller. */
         Me: {
             /** @description How this request authenticated: `session` or `token`. */
@@ -1048,6 +1203,46 @@ export interface components {
         };
         /** @description Memory: bytes, or a string with a unit (`512m`, `2g`, `65536k`). */
         Memory: number | string;
+        /** @description One message as kept and shown. */
+        Message: {
+            /** @description When (RFC 3339). */
+            created_at: string;
+            /**
+             * Format: int32
+             * @description The depth the run has (or would have had) in its chain of messages.
+             */
+            depth: number;
+            /** @description `sent` or `received`, from the point of view of the agent whose list this is. */
+            direction: components["schemas"]["Direction"];
+            /** @description The sending agent (known by its tunnel). */
+            from_agent: string;
+            /** @description The sender's name when it sent. */
+            from_name: string;
+            /** @description `claude` or `codex`. */
+            harness: string;
+            /** @description `msg_…`, the same on both sides. */
+            id: string;
+            /** @description `started` or `refused`. */
+            outcome: components["schemas"]["Outcome"];
+            /**
+             * Format: int64
+             * @description Size of the prompt in bytes (the prompt itself is the run's).
+             */
+            prompt_bytes: number;
+            /** @description Why it was refused. */
+            reason?: string | null;
+            /** @description The run it started on the target. */
+            run?: string | null;
+            /** @description The target, when an agent of that name was found in the workspace. */
+            to_agent?: string | null;
+            /** @description The target's name as the sender gave it. */
+            to_name: string;
+        };
+        /** @description An agent's messages. */
+        MessageList: {
+            /** @description Sent and received messages, newest first (at most 200 are kept per agent). */
+            items: components["schemas"]["Message"][];
+        };
         /** @description A workspace the caller belongs to. */
         MyWorkspace: {
             /** @description Workspace id. */
@@ -1077,6 +1272,11 @@ export interface components {
             /** @description The webhook (kind `webhook`). */
             webhook?: string | null;
         };
+        /**
+         * @description What became of a message.
+         * @enum {string}
+         */
+        Outcome: "started" | "refused";
         /**
          * @description A network policy: `open` (any public destination) or `allowlist` with entries such as `github.com`,
          *     `*.npmjs.org`, `github.com:22`, `host:*`, `203.0.113.0/24:443`.
@@ -1111,6 +1311,11 @@ export interface components {
             /** @description A URI naming the problem type (`about:blank` plus the `code`). */
             type: string;
         };
+        /**
+         * @description A provider whose account a harness can use.
+         * @enum {string}
+         */
+        Provider: "claude" | "chatgpt";
         /**
          * @description `PUT …/secrets/{secret}`: a new value, new rules, or both. Rules are replaced as a whole: a `preset`,
          *     or `hosts` and `header` (and `template`).
@@ -1334,6 +1539,16 @@ export interface components {
              */
             timeout?: number | null;
         };
+        /** @description `POST /api/v1/me/provider-logins`. */
+        StartLogin: {
+            /**
+             * @description A name to recognise it by (up to 100 characters).
+             * @example my max plan
+             */
+            name?: string | null;
+            /** @description `claude` or `chatgpt`. */
+            provider: components["schemas"]["Provider"];
+        };
         /**
          * @description `POST …/runs`.
          * @example {
@@ -1536,6 +1751,300 @@ export interface operations {
             };
             /** @description Unauthorized */
             401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    list_logins: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LoginList"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    start_login: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["StartLogin"];
+            };
+        };
+        responses: {
+            /** @description pending: open `authorize_url`, then complete with the code */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LoginView"];
+                };
+            };
+            /** @description malformed request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description not a browser session */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is over its size cap */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not sent as application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body does not match the schema */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    withdraw_login: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description login id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description withdrawn: detached from every agent and deleted */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description cross-origin request refused, or the role is too small */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    complete_login: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description login id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CompleteLogin"];
+            };
+        };
+        responses: {
+            /** @description connected */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LoginView"];
+                };
+            };
+            /** @description wrong state, expired, or the provider refused the code */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description not a browser session */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description not pending */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is over its size cap */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not sent as application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body does not match the schema */
+            422: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -3396,6 +3905,57 @@ export interface operations {
             };
         };
     };
+    list_messages: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description OK */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MessageList"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
     get_policy: {
         parameters: {
             query?: never;
@@ -3688,6 +4248,176 @@ export interface operations {
             };
             /** @description the body does not match the schema */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    attach_login: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AttachLogin"];
+            };
+        };
+        responses: {
+            /** @description attached (replacing the agent's login of the same provider) */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentLoginView"];
+                };
+            };
+            /** @description not a connected login of the caller's */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is over its size cap */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body is not sent as application/json */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description the body does not match the schema */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description rate limited (per user, per token, per client address); see Retry-After */
+            429: {
+                headers: {
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    detach_login: {
+        parameters: {
+            query?: {
+                /** @description Only the login of this provider (default: every login of the agent). */
+                provider?: components["schemas"]["Provider"];
+            };
+            header?: never;
+            path: {
+                ws: string;
+                agent: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description detached (or none was attached) */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description malformed request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description no valid personal token or session cookie */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Not Found */
+            404: {
                 headers: {
                     [name: string]: unknown;
                 };
