@@ -127,6 +127,10 @@ fn holds_credentials(kind: Kind, content: &[u8]) -> bool {
 /// Check `agent` now and update its record: the paths that hold credentials the server did not write.
 /// An engine error leaves the record as it was.
 pub(crate) async fn check(state: &AppState, agent: &AgentId) {
+    // Only the server's agents (a sandbox of the runtime without a record is not shown anywhere).
+    if !matches!(records::load(state.store.as_ref(), agent).await, Ok(Some(_))) {
+        return;
+    }
     let env = match state.runtime.spec(agent).await {
         Ok(spec) => spec.env,
         Err(e) if e.kind() == ErrorKind::NotFound => return,

@@ -570,7 +570,7 @@ async fn delete_agent(
     state.dir.unregister_agent(&ws, &agent).await?;
     records::delete(state.store.as_ref(), &agent).await?;
     crate::serve::secrets::forget_agent(state.store.as_ref(), &agent).await;
-    crate::serve::webhooks::forget_agent(state.store.as_ref(), &agent).await;
+    crate::serve::webhooks::forget_agent(&state, &agent).await;
     crate::serve::harness_logins::forget_agent(&state, &agent).await;
     state.agents_gone.fire(&agent);
     state.execs.forget_agent(&agent).await?;

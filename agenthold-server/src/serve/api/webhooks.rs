@@ -267,7 +267,7 @@ async fn delete_webhook(
     Path((ws, agent, webhook)): Path<(String, String, String)>,
 ) -> ApiResult<Response> {
     let (_, agent, _) = agent_meta(&state, &caller, &ws, &agent, Action::Administer).await?;
-    if !hooks::delete(state.store.as_ref(), &agent, &webhook).await? {
+    if !hooks::delete(&state, &agent, &webhook).await? {
         return Err(ApiError::not_found());
     }
     Ok(StatusCode::NO_CONTENT.into_response())

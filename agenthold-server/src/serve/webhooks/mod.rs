@@ -268,7 +268,9 @@ pub(crate) async fn rotate(
 }
 
 /// Delete webhook `id` of `agent`; whether it existed.
-pub(crate) async fn delete(store: &dyn Store, agent: &AgentId, id: &str) -> ApiResult<bool> {
+pub(crate) async fn delete(state: &AppState, agent: &AgentId, id: &str) -> ApiResult<bool> {
+    let _edits = state.edits.lock().await;
+    let store = state.store.as_ref();
     let Some(hook) = load(store, agent, id).await? else {
         return Ok(false);
     };
@@ -278,10 +280,10 @@ pub(crate) async fn delete(store: &dyn Store, agent: &AgentId, id: &str) -> ApiR
 }
 
 /// Delete every webhook of a deleted agent (their URLs answer 404 from now on).
-pub(crate) async fn forget_agent(store: &dyn Store, agent: &AgentId) {
+pub(crate) async fn forget_agent(state: &AppState, agent: &AgentId) {
     let result = async {
-        for hook in list(store, agent).await? {
-            delete(store, agent, &hook.id).await?;
+        for hook in list(state.store.as_ref(), agent).await? {
+            delete(state, agent, &hook.id).await?;
         }
         ApiResult::Ok(())
     }
@@ -448,12 +450,15 @@ pub(crate) async fn deliver(
         prompt::Encoding::Base64 => "base64",
     };
     audit("ok", format!("run {run}; {} bytes ({encoded})", body.len())).await;
-    record_delivery(state.store.as_ref(), &hook.agent, &hook.id).await;
+    record_delivery(state, &hook.agent, &hook.id).await;
     Ok(Delivered { run })
 }
 
-/// Count a delivery (best effort).
-async fn record_delivery(store: &dyn Store, agent: &AgentId, id: &str) {
+/// Count a delivery (best effort). Under [`AppState::edits`], as rotate and delete, so a count never
+/// brings back an old token hash or a deleted hook.
+async fn record_delivery(state: &AppState, agent: &AgentId, id: &str) {
+    let _edits = state.edits.lock().await;
+    let store = state.store.as_ref();
     if let Ok(Some(mut hook)) = load(store, agent, id).await {
         hook.deliveries += 1;
         hook.last_delivery_at = Some(now_rfc3339());
