@@ -11,8 +11,14 @@
 //! 4. **cheap authenticated GET**: `GET /api/v1/me` with a token vs a bare axum handler answering the same
 //!    JSON, keep-alive requests per second over 16 connections (target: ≥ 0.5×).
 //!
-//! `cargo bench -p agenthold-benches --bench server` (root, Docker running for part 1).
-//! `BENCH_ONLY=exec,list,sse,me`, `BENCH_SECONDS` (part 4, default 5), `BENCH_ROUNDS` (part 1, default 200).
+//! 5. **run overhead vs bare exec**: a `custom`-harness run of `true` from `POST …/runs` to its `end` event
+//!    on `…/runs/{run}/events` against `POST …/execs` of `true` waiting for its JSON answer, rounds
+//!    interleaved, p50 of each and the difference (what a run adds: its record, the output follower, the
+//!    parser, the second request for the stream). Real Docker sandbox.
+//!
+//! `cargo bench -p agenthold-benches --bench server` (root, Docker running for parts 1 and 5).
+//! `BENCH_ONLY=exec,list,sse,me,run`, `BENCH_SECONDS` (part 4, default 5), `BENCH_ROUNDS` (part 1, default
+//! 200), `BENCH_RUN_ROUNDS` (part 5, default 50).
 // A benchmark's output is its table on stdout.
 #![allow(clippy::print_stdout)]
 
@@ -235,6 +241,9 @@ async fn run() -> Result<()> {
     }
     if wants("me") {
         rows.extend(me_rate().await.context("GET /me rate")?);
+    }
+    if wants("run") {
+        rows.extend(run_overhead().await.context("run overhead")?);
     }
     println!(
         "{}",
@@ -532,5 +541,81 @@ async fn me_rate() -> Result<Vec<Vec<String>>> {
         num(Some(b)),
         format!("{:.2}×", o / b),
         "≥ 0.5×".into(),
+    ]])
+}
+
+/// Follow an SSE stream until its `end` event (the whole answer read on one connection).
+async fn follow_to_end(base: SocketAddr, path: &str, token: &str) -> Result<()> {
+    let mut stream = TcpStream::connect(base).await?;
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {token}\r\nAccept: text/event-stream\r\n\
+         Connection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await?;
+    let mut lines = BufReader::new(stream).lines();
+    while let Some(line) = lines.next_line().await? {
+        if line.starts_with("HTTP/1.1 ") && !line.starts_with("HTTP/1.1 200") {
+            bail!("GET {path}: {line}");
+        }
+        if line.trim() == "event: end" || line.trim() == "event:end" {
+            return Ok(());
+        }
+    }
+    bail!("GET {path}: the stream ended without an end event")
+}
+
+async fn run_overhead() -> Result<Vec<Vec<String>>> {
+    let server = Running::start(false).await?;
+    let (_, token) = server.user("bench").await?;
+    let (agents, agent_id) = server.workspace_with_agent(&token).await?;
+    let execs = format!("{agents}/{agent_id}/execs");
+    let runs = format!("{agents}/{agent_id}/runs");
+    let exec_body = json!({"argv": ["true"]});
+    let run_body = json!({"harness": "custom", "prompt": "", "argv": ["true"]});
+    let rounds = env_u64("BENCH_RUN_ROUNDS", 50);
+    let one_run = || async {
+        let started = expect(server.base, "POST", &runs, &token, Some(&run_body), 202).await?;
+        let id = started["id"].as_str().context("run id")?.to_owned();
+        follow_to_end(server.base, &format!("{runs}/{id}/events"), &token).await?;
+        Ok::<_, anyhow::Error>(id)
+    };
+    for _ in 0..3 {
+        one_run().await?;
+        expect(server.base, "POST", &execs, &token, Some(&exec_body), 200).await?;
+    }
+    harness::settle("server");
+    let (mut run, mut exec) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let id = one_run().await?;
+        run.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        expect(server.base, "POST", &execs, &token, Some(&exec_body), 200).await?;
+        exec.push(t.elapsed().as_secs_f64());
+        let done = expect(server.base, "GET", &format!("{runs}/{id}"), &token, None, 200).await?;
+        if done["state"] != "succeeded" {
+            bail!("run of true: {done}");
+        }
+    }
+    expect(
+        server.base,
+        "DELETE",
+        &format!("{agents}/{agent_id}"),
+        &token,
+        None,
+        204,
+    )
+    .await?;
+    server.stop().await?;
+    let (r, e) = (
+        median(&run).unwrap_or(f64::NAN),
+        median(&exec).unwrap_or(f64::NAN),
+    );
+    Ok(vec![vec![
+        format!("run of [\"true\"] POST to end, p50 of {rounds} (run vs exec, both through the API)"),
+        ms(r),
+        ms(e),
+        format!("+{}", ms(r - e)),
+        "report".into(),
     ]])
 }

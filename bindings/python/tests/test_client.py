@@ -385,6 +385,82 @@ def test_aio_client_leaves_no_thread(server: Server, alice: Tuple[str, str], wor
     assert set(threading.enumerate()) == before
 
 
+#: A Claude stand-in for the `custom` harness: reads the prompt on stdin, prints stream-json lines.
+CLAUDE_LIKE = r"""
+import json, sys, time
+prompt = sys.stdin.read()
+pause = float(sys.argv[1]) if len(sys.argv) > 1 else 0
+def out(o):
+    print(json.dumps(o), flush=True)
+    time.sleep(pause)
+out({"type": "system", "subtype": "init", "session_id": "sess-py", "model": "stand-in"})
+out({"type": "assistant", "message": {"role": "assistant", "content": [{"type": "text", "text": "hi"}]}})
+out({"type": "result", "subtype": "success", "is_error": False, "result": prompt, "session_id": "sess-py",
+     "total_cost_usd": 0.5, "usage": {"input_tokens": 1, "output_tokens": 2}})
+"""
+RUNS = "/api/v1/workspaces/{ws}/agents/{agent}/runs"
+
+
+# covers: P1
+def test_run_iterates_its_events_to_the_end(server: Server, client: agenthold.Client, workspace: str,
+                                            shared: agenthold.RemoteSandbox) -> None:
+    server.need("POST", RUNS)
+    prompt = "it's $(not) run; `by` a shell\n\u00fcn\u00efcode"
+    run = client.run(workspace, shared, "custom", prompt, argv=["python3", "-c", CLAUDE_LIKE])
+    assert isinstance(run, agenthold.Run) and run.id.startswith("run_") and run.state == "running"
+    events = list(run)
+    assert [e["type"] for e in events] == ["state", "session", "message", "usage", "result", "state", "end"]
+    assert events[-1] == {"type": "end", "state": "succeeded", "exit_code": 0}
+    assert events[4]["text"] == prompt
+    assert run.last_event_id == f"{run.id}.{len(events)}"
+    info = run.refresh()
+    assert info["state"] == "succeeded" and info["session_id"] == "sess-py" and info["result"] == prompt
+    assert info["usage"] == {"input_tokens": 1, "output_tokens": 2, "cost_usd": 0.5}
+    # Iterating again after the end replays nothing more; from the start replays everything.
+    assert list(run) == []
+    assert list(run.events(after=f"{run.id}.0")) == events
+    assert run.id in [r.id for r in client.runs(workspace, shared.id)]
+    assert len(run.output()) == 3
+    # A cancelled run ends `cancelled`; bad input is a SandboxError with the server's code.
+    slow = client.run(None, shared, "custom", "", argv=["sleep", "1007"])
+    assert slow.cancel()["state"] == "cancelled"
+    assert list(slow)[-1]["state"] == "cancelled"
+    with pytest.raises(agenthold.SandboxError) as e:
+        client.run(workspace, shared.id, "custom", "x" * (256 * 1024 + 1), argv=["true"])
+    assert e.value.status == 413 and e.value.code == "prompt_too_large"
+    with pytest.raises(agenthold.SandboxError):
+        client.run(workspace, shared.id, "claude", "x", argv=["sh"])
+    with pytest.raises(ValueError):
+        client.run(workspace, shared.id, "bash", "x")
+
+
+# covers: P1
+def test_aio_run_iterates_its_events(server: Server, alice: Tuple[str, str], workspace: str,
+                                     shared: agenthold.RemoteSandbox) -> None:
+    server.need("POST", RUNS)
+    before = set(threading.enumerate())
+
+    async def main() -> None:
+        async with agenthold.aio.Client(server.url, alice[1], workspace=workspace) as rt:
+            run = await rt.run(None, shared.id, "custom", "aio", argv=["python3", "-c", CLAUDE_LIKE, "0.2"])
+            assert isinstance(run, agenthold.aio.Run)
+            types = [e["type"] async for e in run]
+            assert types[-1] == "end" and "result" in types
+            assert (await run.refresh())["result"] == "aio"
+            # Leaving an iteration early stops its thread.
+            again = await rt.run(None, shared.id, "custom", "early", argv=["python3", "-c", CLAUDE_LIKE, "0.5"])
+            async for event in again:
+                assert event["type"] == "state"
+                break
+            assert (await again.wait())["state"] == "succeeded"
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 5
+    while set(threading.enumerate()) != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(threading.enumerate()) == before
+
+
 def _public(cls: type) -> Set[str]:
     return {n for n in dir(cls) if not n.startswith("_")}
 
@@ -393,7 +469,7 @@ def _public(cls: type) -> Set[str]:
 # users, workspaces and extra views.
 EMBEDDED_ONLY = {"data_dir", "ca_pem", "warm_pool_ready", "exec_stream", "runtime"}
 REMOTE_ONLY = {"url", "workspace", "me", "workspaces", "create_workspace", "client", "name", "info", "policy",
-               "refresh", "list_files", "delete_file"}
+               "refresh", "list_files", "delete_file", "run", "runs"}
 
 
 @pytest.mark.parametrize(
@@ -446,7 +522,7 @@ def test_client_arguments_are_checked() -> None:
 
 def test_every_client_member_has_a_docstring() -> None:
     for cls in (agenthold.Client, agenthold.RemoteSandbox, agenthold.RemoteExecResult, agenthold.RemoteError,
-                agenthold.aio.Client, agenthold.aio.RemoteSandbox):
+                agenthold.aio.Client, agenthold.aio.RemoteSandbox, agenthold.Run, agenthold.aio.Run):
         assert (cls.__doc__ or "").strip(), cls.__name__
         for attr, member in vars(cls).items():
             if not attr.startswith("_"):

@@ -164,6 +164,24 @@ fn a_run_streams_normalised_events_and_ends() {
         .map(|r| r["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, [failed.as_str(), run.as_str()]);
+    // A line past 1 MiB is cut there and the run says it was truncated; the next line still comes through.
+    let long = start(
+        &f,
+        &json!({"harness": "custom", "prompt": "", "argv": ["python3", "-c",
+            "import sys; sys.stdout.write('x' * (1024 * 1024 + 10) + '\\nafter\\n')"]}),
+    );
+    let all = events(&f, &long, None);
+    let raws: Vec<usize> = all
+        .iter()
+        .filter(|e| e.event == "raw")
+        .map(|e| e.data["line"].as_str().unwrap().len())
+        .collect();
+    assert_eq!(raws, [1024 * 1024, 5]);
+    let got = f
+        .server
+        .call("GET", &f.path(&format!("/runs/{long}")), &f.auth, None);
+    assert_eq!(got.body["truncated"], true);
+    assert_eq!(got.body["state"], "succeeded");
     // Start and cancel are audited.
     let audit = f.server.call(
         "GET",
@@ -193,7 +211,7 @@ fn a_run_survives_a_disconnect_and_replays_from_last_event_id() {
     std::thread::sleep(Duration::from_millis(900));
     let last = seen.last().unwrap().id.clone();
     let rest = events(&f, &run, Some(&last));
-    let mut all = seen.clone();
+    let mut all = seen;
     all.extend(rest.iter().cloned());
     let numbers: Vec<u64> = all.iter().map(SseEvent::n).collect();
     assert_eq!(

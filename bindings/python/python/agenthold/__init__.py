@@ -39,6 +39,7 @@ from ._native import (
 from ._runtime import DEFAULT_IMAGE, Runtime, Sandbox
 from ._http import RemoteEngineError, RemoteError, RemotePolicyError, RemoteSandboxError
 from ._client import Client, RemoteExecResult, RemoteSandbox
+from ._runs import Run
 from . import aio  # noqa: E402  (after the classes it wraps)
 
 __version__: str = _native.__version__
@@ -59,6 +60,7 @@ __all__ = [
     "RemotePolicyError",
     "RemoteSandbox",
     "RemoteSandboxError",
+    "Run",
     "Runtime",
     "Sandbox",
     "SandboxError",

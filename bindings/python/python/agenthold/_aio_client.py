@@ -13,13 +13,14 @@ import asyncio
 import ssl
 import threading
 from types import TracebackType
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type, TypeVar, Union
+from typing import (Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar,
+                    Union)
 
-from . import _client
+from . import _client, _runs
 from ._client import PolicyLike, RemoteExecResult, WorkspaceRef
 from ._http import DEFAULT_TIMEOUT, Abort, set_thread_abort
 
-__all__ = ["Client", "RemoteSandbox"]
+__all__ = ["Client", "RemoteSandbox", "Run"]
 
 T = TypeVar("T")
 
@@ -154,6 +155,28 @@ class Client:
                         pids=pids, workspace=workspace, name=name, labels=labels)
         return RemoteSandbox(self, sb)
 
+    async def run(
+        self,
+        workspace: Optional[WorkspaceRef],
+        agent: Union[str, "RemoteSandbox", _client.RemoteSandbox],
+        harness: str,
+        prompt: str,
+        argv: Optional[Sequence[str]] = None,
+        *,
+        resume: Optional[str] = None,
+        model: Optional[str] = None,
+    ) -> Run:
+        """Start a harness run (see ``agenthold.Client.run``); ``async for event in run`` follows it."""
+        target = agent.sync if isinstance(agent, RemoteSandbox) else agent
+        return Run(await _run(self._sync.run, workspace, target, harness, prompt, argv, resume=resume,
+                              model=model))
+
+    async def runs(self, workspace: Optional[WorkspaceRef],
+                   agent: Union[str, "RemoteSandbox", _client.RemoteSandbox]) -> List[Run]:
+        """The runs of an agent, newest first."""
+        target = agent.sync if isinstance(agent, RemoteSandbox) else agent
+        return [Run(r) for r in await _run(self._sync.runs, workspace, target)]
+
     def sandbox(self, id: str, workspace: Optional[WorkspaceRef] = None) -> RemoteSandbox:
         """A handle on an existing sandbox by its id (no call is made)."""
         return RemoteSandbox(self, self._sync.sandbox(id, workspace))
@@ -161,6 +184,100 @@ class Client:
     async def sandboxes(self, workspace: Optional[WorkspaceRef] = None) -> List[RemoteSandbox]:
         """The sandboxes of a workspace the caller may see."""
         return [RemoteSandbox(self, sb) for sb in await _run(self._sync.sandboxes, workspace)]
+
+
+class Run:
+    """The asyncio flavour of ``agenthold.Run``: ``id``, ``info``, ``state``; ``await refresh()``,
+    ``cancel()``, ``wait()``, ``output()``; ``async for event in run`` yields its events as dicts up to and
+    including ``end`` (one thread follows the stream while the loop iterates; it ends with the iteration)."""
+
+    def __init__(self, sync: _runs.Run) -> None:
+        self._sync = sync
+
+    @property
+    def sync(self) -> _runs.Run:
+        """The underlying blocking ``agenthold.Run``."""
+        return self._sync
+
+    @property
+    def id(self) -> str:
+        """The run's id (``run_…``)."""
+        return self._sync.id
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        """The run as the server last described it."""
+        return self._sync.info
+
+    @property
+    def state(self) -> str:
+        """Its state when last seen."""
+        return self._sync.state
+
+    def __repr__(self) -> str:
+        return f"<agenthold.aio.Run id={self.id!r} state={self.state!r}>"
+
+    async def refresh(self) -> Dict[str, Any]:
+        """Ask the server for the run and remember it."""
+        return await _run(self._sync.refresh)
+
+    async def cancel(self) -> Dict[str, Any]:
+        """Kill the run's whole process group; answers the run once it ended."""
+        return await _run(self._sync.cancel)
+
+    async def output(self) -> List[str]:
+        """The raw standard output lines of the ended run."""
+        return await _run(self._sync.output)
+
+    async def wait(self) -> Dict[str, Any]:
+        """Follow the run to its end and answer it."""
+        async for _ in self:
+            pass
+        return await self.refresh()
+
+    def __aiter__(self) -> AsyncIterator[Dict[str, Any]]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[Dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Tuple[str, Any]] = asyncio.Queue()
+        abort = Abort()
+
+        def put(item: Tuple[str, Any]) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop was closed meanwhile: nobody is waiting
+                pass
+
+        def follow() -> None:
+            set_thread_abort(abort)
+            try:
+                for event in self._sync.events():
+                    if abort.aborted:
+                        return
+                    put(("event", event))
+                put(("done", None))
+            except BaseException as e:  # handed to the iterating coroutine
+                put(("error", e))
+            finally:
+                set_thread_abort(None)
+
+        thread = threading.Thread(target=follow, name="agenthold-aio-run", daemon=True)
+        thread.start()
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == "event":
+                    yield value
+                elif kind == "done":
+                    return
+                else:
+                    raise value
+        finally:
+            abort.abort()
+            deadline = loop.time() + _CANCEL_WAIT
+            while thread.is_alive() and loop.time() < deadline:
+                await asyncio.sleep(0.01)
 
 
 class RemoteSandbox:

@@ -24,8 +24,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Type, Unio
 from ._http import DEFAULT_TIMEOUT, RemotePolicyError, RemoteSandboxError, Transport
 from ._native import Policy
 from ._runtime import _argv, _bytes, _env, _path
+from ._runs import HARNESSES, Run
 
-__all__ = ["Client", "RemoteExecResult", "RemoteSandbox"]
+__all__ = ["Client", "RemoteExecResult", "RemoteSandbox", "Run"]
 
 #: How long an ``exec`` without ``timeout`` may wait for its answer (seconds).
 EXEC_WAIT = 3600.0
@@ -255,6 +256,51 @@ class Client:
         """Create a workspace (the caller becomes its owner): ``{id, name, created_at, role}``."""
         ws: Dict[str, Any] = self._call("POST", "/workspaces", json_body={"name": name})
         return ws
+
+    def run(
+        self,
+        workspace: Optional[WorkspaceRef],
+        agent: Union[str, RemoteSandbox],
+        harness: str,
+        prompt: str,
+        argv: Optional[Sequence[str]] = None,
+        *,
+        resume: Optional[str] = None,
+        model: Optional[str] = None,
+    ) -> Run:
+        """Start a harness run in an agent and answer the ``Run`` at once (iterate it for its events).
+
+        ``workspace`` (``None``: the client's), ``agent`` (its id or a ``RemoteSandbox``), ``harness``
+        (``"claude"``, ``"codex"`` or ``"custom"``), ``prompt`` (at most 256 KiB; the harness reads it on
+        standard input), ``argv`` (the command, for ``custom`` only), ``resume`` (a session id of an earlier
+        run), ``model``. Raises ``SandboxError`` for bad input (400), a prompt over 256 KiB (413,
+        ``code == "prompt_too_large"``), an agent that does not run (409); ``agenthold.Error`` without the
+        operator role (403)."""
+        if harness not in HARNESSES:
+            raise ValueError(f"harness must be one of {', '.join(HARNESSES)}, got {harness!r}")
+        if not isinstance(prompt, str):
+            raise TypeError("prompt must be a str")
+        agent_id = agent.id if isinstance(agent, RemoteSandbox) else str(agent)
+        if workspace is None and isinstance(agent, RemoteSandbox) and agent.workspace is not None:
+            workspace = agent.workspace
+        ws = self._resolve(workspace)
+        body: Dict[str, Any] = {"harness": harness, "prompt": prompt}
+        if argv is not None:
+            body["argv"] = _argv(argv)
+        if resume is not None:
+            body["resume"] = resume
+        if model is not None:
+            body["model"] = model
+        info = self._call("POST", f"/workspaces/{_q(ws)}/agents/{_q(agent_id)}/runs", json_body=body,
+                          timeout=max(self._http.timeout, 60.0))
+        return Run(self, ws, agent_id, info)
+
+    def runs(self, workspace: Optional[WorkspaceRef], agent: Union[str, RemoteSandbox]) -> List[Run]:
+        """The runs of an agent, newest first."""
+        agent_id = agent.id if isinstance(agent, RemoteSandbox) else str(agent)
+        ws = self._resolve(workspace)
+        items = self._pages(f"/workspaces/{_q(ws)}/agents/{_q(agent_id)}/runs", {"limit": 500})
+        return [Run(self, ws, agent_id, item) for item in items]
 
     def create_sandbox(
         self,

@@ -15,7 +15,7 @@ import socket
 import ssl
 import threading
 import urllib.parse
-from typing import Any, Dict, Mapping, Optional, Tuple, Type
+from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Type
 
 from ._native import EngineError, Error, PolicyError, SandboxError
 
@@ -25,6 +25,9 @@ DEFAULT_TIMEOUT = 30.0
 #: Largest answer body read (exec output is capped at 64 MiB per stream by the server; base64 and JSON
 #: escaping make its JSON larger).
 MAX_BODY = 512 * 1024 * 1024
+
+#: Longest line of an event stream read (a run's events stay far below).
+MAX_EVENT_LINE = 64 * 1024 * 1024
 
 
 class RemoteError(Error):
@@ -238,6 +241,81 @@ class Transport:
         if 200 <= response.status < 300:
             return response.status, answer_headers, raw
         raise _problem(response.status, answer_headers, raw, method, path, bad_request)
+
+    def stream(
+        self,
+        path: str,
+        *,
+        last_event_id: Optional[str] = None,
+        timeout: Optional[float] = None,
+        abort: Optional[Abort] = None,
+    ) -> Iterator[Tuple[str, str, str]]:
+        """``GET path`` as a server-sent event stream: yields ``(id, event, data)`` until the server ends
+        the stream. An error answer raises a ``RemoteError``; a broken connection or a silence longer than
+        ``timeout`` raises ``RemoteEngineError`` (code ``unreachable`` or ``timeout``)."""
+        if abort is None:
+            abort = getattr(_local, "abort", None)
+        headers = {
+            "Authorization": "Bearer " + self.__token,
+            "Accept": "text/event-stream",
+            "User-Agent": "agenthold-python",
+        }
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = last_event_id
+        wait = self.timeout if timeout is None else float(timeout)
+        if abort is not None and abort.aborted:
+            raise RemoteEngineError("the request was cancelled", code="cancelled", method="GET", path=path)
+        conn = self._connection(wait)
+
+        def broken(e: BaseException) -> RemoteError:
+            if abort is not None and abort.aborted:
+                return RemoteEngineError("the request was cancelled", code="cancelled", method="GET", path=path)
+            if isinstance(e, (socket.timeout, TimeoutError)):
+                return RemoteEngineError(f"no event from {self.url} within {wait:g} s", code="timeout",
+                                         method="GET", path=path)
+            return RemoteEngineError(f"cannot reach {self.url}: {e}", code="unreachable", method="GET", path=path)
+
+        try:
+            try:
+                conn.connect()
+                if abort is not None:
+                    abort.attach(conn)
+                conn.request("GET", self.base_path + path, headers=headers)
+                response = conn.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                raise broken(e) from e
+            answer_headers = {k.lower(): v for k, v in response.getheaders()}
+            if not 200 <= response.status < 300:
+                raise _problem(response.status, answer_headers, response.read(MAX_BODY), "GET", path,
+                               RemoteSandboxError)
+            event_id, event, data = "", "", []
+            while True:
+                try:
+                    raw = response.readline(MAX_EVENT_LINE + 1)
+                except (OSError, http.client.HTTPException) as e:
+                    raise broken(e) from e
+                if not raw:
+                    return
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if not line:
+                    if data:
+                        yield event_id, event or "message", "\n".join(data)
+                    event, data = "", []
+                    continue
+                if line.startswith(":"):
+                    continue
+                name, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if name == "id":
+                    event_id = value
+                elif name == "event":
+                    event = value
+                elif name == "data":
+                    data.append(value)
+        finally:
+            if abort is not None:
+                abort.attach(None)
+            conn.close()
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         """``request`` with a JSON answer, parsed (``None`` for an empty body, as with 204)."""

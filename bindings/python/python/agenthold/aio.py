@@ -32,7 +32,7 @@ from . import _runtime
 from ._native import ExecResult, LogEntry, Policy, Secret
 from ._runtime import DEFAULT_IMAGE, StrPath, _argv, _bytes, _env, _path, _policy, _secrets
 
-__all__ = ["Client", "RemoteSandbox", "Runtime", "Sandbox"]
+__all__ = ["Client", "RemoteSandbox", "Run", "Runtime", "Sandbox"]
 
 T = TypeVar("T")
 
@@ -312,4 +312,4 @@ class Sandbox:
         await _call(lambda done: native.remove(self._id, done))
 
 
-from ._aio_client import Client, RemoteSandbox  # noqa: E402  (the server client, same shape as Runtime)
+from ._aio_client import Client, RemoteSandbox, Run  # noqa: E402  (the server client, same shape as Runtime)
