@@ -2,10 +2,11 @@
 //! server-sent events (`response.created`, output items, `response.completed` with usage), plus an empty
 //! model list.
 //!
-//! Script: a request whose input carries a `function_call_output` gets a final assistant message quoting
-//! it ([`super::FINAL_TEXT`]); otherwise a call of the shell tool the request offers (`shell`,
-//! `shell_command` or `exec_command`, whichever Codex sent) running the given command (by default
-//! [`super::TOOL_COMMAND`]).
+//! Script: a request whose input carries a `function_call_output` (or `custom_tool_call_output`) gets a
+//! final assistant message quoting it ([`super::FINAL_TEXT`]); otherwise a call running the given command
+//! (by default [`super::TOOL_COMMAND`]): through code mode's `exec` tool (JavaScript calling
+//! `tools.exec_command`) when the request offers it, else the shell tool the request offers (`shell`,
+//! `shell_command` or `exec_command`).
 
 use serde_json::{Value, json};
 
@@ -23,6 +24,30 @@ pub fn routes(routes: &mut Routes, command: &str) {
         .route("GET", "/v1/models", |_| {
             Reply::json(200, &json!({"object": "list", "data": [], "models": []}))
         });
+}
+
+/// Whether the request offers Codex's "code mode": a freeform `exec` tool (JavaScript that calls the
+/// other tools), listed in an `additional_tools` input item (the default model of codex 0.171).
+fn offers_code_mode(body: &Value) -> bool {
+    let Some(input) = body["input"].as_array() else {
+        return false;
+    };
+    input
+        .iter()
+        .filter(|i| i["type"] == "additional_tools")
+        .flat_map(|i| i["tools"].as_array().cloned().unwrap_or_default())
+        .flat_map(|ns| ns["tools"].as_array().cloned().unwrap_or_default())
+        .any(|t| t["type"] == "custom" && t["name"] == "exec")
+}
+
+/// The code-mode call running `command`: JavaScript calling `exec_command`, its result as text.
+fn code_mode_call(command: &str) -> Value {
+    let source = format!(
+        "const r = await tools.exec_command({{cmd: {}}});\ntext(r);\n",
+        Value::String(command.to_owned())
+    );
+    json!({"type": "custom_tool_call", "id": "ctc_standin_1", "call_id": "call_standin_1",
+           "status": "completed", "name": "exec", "input": source})
 }
 
 /// The shell function call for the tools a request offers: `(name, arguments JSON)`.
@@ -67,6 +92,7 @@ fn responses(request: &EchoRequest, command: &str) -> Reply {
             json!({"type": "message", "id": "msg_standin_1", "role": "assistant", "status": "completed",
                    "content": [{"type": "output_text", "text": text, "annotations": []}]})
         }
+        None if offers_code_mode(&body) => code_mode_call(command),
         None => {
             let (name, arguments) = shell_call(&body, command);
             json!({"type": "function_call", "id": "fc_standin_1", "call_id": "call_standin_1",
@@ -116,6 +142,13 @@ fn final_output(raw: &str) -> String {
     {
         return out.trim().to_owned();
     }
+    // Code mode: a status line, then what the script gave `text()` (the `exec_command` result as JSON).
+    if let Some(start) = raw.find('{')
+        && let Ok(v) = serde_json::from_str::<Value>(&raw[start..])
+        && let Some(out) = v["output"].as_str()
+    {
+        return out.trim().to_owned();
+    }
     raw.rsplit("Output:\n").next().unwrap_or(raw).trim().to_owned()
 }
 
@@ -141,5 +174,23 @@ mod tests {
             final_output("Exit code: 0\nOutput:\nhello-from-tool\n"),
             "hello-from-tool"
         );
+    }
+
+    #[test]
+    fn code_mode_gets_javascript_calling_exec_command() {
+        let body = json!({"input": [{"type": "additional_tools", "tools": [
+            {"type": "namespace", "name": "functions", "tools": [{"type": "custom", "name": "exec"}]}]}]});
+        assert!(offers_code_mode(&body));
+        assert!(!offers_code_mode(&json!({"tools": [{"name": "exec"}]})));
+        let call = code_mode_call("echo \"x\"");
+        assert_eq!(call["type"], "custom_tool_call");
+        assert_eq!(
+            call["input"],
+            "const r = await tools.exec_command({cmd: \"echo \\\"x\\\"\"});\ntext(r);\n"
+        );
+        let output = json!({"input": [{"type": "custom_tool_call_output", "call_id": "c", "output": [
+            {"type": "input_text", "text": "Script completed\nOutput:\n"},
+            {"type": "input_text", "text": "{\"exit_code\":0,\"output\":\"hello-from-tool\\n\"}"}]}]});
+        assert_eq!(final_output(&tool_output(&output).unwrap()), "hello-from-tool");
     }
 }

@@ -36,13 +36,19 @@ pub(crate) const HOME: &str = "/workspace";
 pub(crate) const AS_AGENT: [&str; 5] = ["setpriv", "--reuid=agent", "--regid=agent", "--init-groups", "--"];
 
 /// The Codex model provider a run uses: the OpenAI Responses API at its real address, key from
-/// `OPENAI_API_KEY`, streamed over HTTPS only (no WebSocket attempts).
-pub(crate) const CODEX_PROVIDER: [&str; 4] = [
+/// `OPENAI_API_KEY`, streamed over HTTPS only (no WebSocket attempts); and no analytics or metrics export.
+pub(crate) const CODEX_PROVIDER: [&str; 8] = [
     "-c",
     "model_provider=\"agenthold_openai\"",
     "-c",
     "model_providers.agenthold_openai={name=\"OpenAI\",base_url=\"https://api.openai.com/v1\",\
      env_key=\"OPENAI_API_KEY\",wire_api=\"responses\",supports_websockets=false}",
+    // Its usage analytics and metrics export go to chatgpt.com hosts the gateway refuses; waiting for them
+    // kept a finished `codex exec` alive for about 40 s.
+    "-c",
+    "analytics.enabled=false",
+    "-c",
+    "otel.metrics_exporter=\"none\"",
 ];
 
 /// What a run asks of its harness besides the prompt.
