@@ -465,8 +465,21 @@ fn every_key_has_a_variable() {
     ] {
         assert!(vars.contains(&(var.to_owned(), key.to_owned())), "{var}");
     }
-    assert_eq!(vars.len(), 1 + 21 + 1 + 7 + 2 + 6 + 5 + 5);
-    for key in ["auth.oidc.issuer", "auth.oidc.scopes", "auth.github.token_url"] {
+    let harness_logins = vars
+        .iter()
+        .filter(|(_, k)| k.starts_with("harness_logins."))
+        .count();
+    // Two of its own, nine per provider (Claude, ChatGPT).
+    assert_eq!(harness_logins, 2 + 2 * 9);
+    assert_eq!(vars.len(), 1 + 21 + 1 + 7 + 2 + 6 + 5 + 5 + harness_logins);
+    for key in [
+        "auth.oidc.issuer",
+        "auth.oidc.scopes",
+        "auth.github.token_url",
+        "harness_logins.recheck_secs",
+        "harness_logins.claude.token_url",
+        "harness_logins.chatgpt.client_id",
+    ] {
         assert!(vars.iter().any(|(_, k)| k == key), "{key}");
     }
     // The master key variable is not a configuration key, so it can never be mistaken for one.

@@ -109,7 +109,10 @@ impl ProviderLoginConfig {
             .map(String::from)
             .to_vec(),
             api_hosts: vec!["chatgpt.com".into()],
-            api_paths: vec!["/backend-api/codex/".into()],
+            // The Responses API, and the account check codex makes before every turn (its "workspace
+            // routing discovery", `GET /backend-api/wham/accounts/check`): without the token there, no
+            // turn starts. Plugin and connector paths (`/backend-api/ps/`) stay without it.
+            api_paths: vec!["/backend-api/codex/".into(), "/backend-api/wham/".into()],
             refresh_host: String::new(),
             refresh_path: String::new(),
         }

@@ -109,9 +109,13 @@ impl AppState {
         ws: &WorkspaceId,
         agent: &AgentId,
         started_by: &UserId,
-        new: super::runs::NewRun,
+        mut new: super::runs::NewRun,
     ) -> crate::serve::api::ApiResult<super::runs::RunRecord> {
         super::harness_logins::before_run(self, ws, agent, new.harness.as_str()).await?;
+        new.chatgpt_login = super::harness_logins::of_agent(self, agent)
+            .await?
+            .iter()
+            .any(|a| a.provider == super::harness_logins::Provider::Chatgpt);
         self.runs.start(ws, agent, started_by, new).await
     }
 

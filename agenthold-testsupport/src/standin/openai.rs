@@ -16,14 +16,20 @@ use crate::EchoRequest;
 /// Input and output tokens every answer reports.
 pub const USAGE: (u64, u64) = (34, 12);
 
-/// Add the Responses API routes to `routes`; the scripted tool call runs `command`.
+/// Add the Responses API routes to `routes`; the scripted tool call runs `command`. Served twice: at
+/// `api.openai.com`'s `/v1/` (an API key) and at `chatgpt.com`'s `/backend-api/codex/` (a ChatGPT
+/// account, Codex's built-in provider).
 pub fn routes(routes: &mut Routes, command: &str) {
-    let command = command.to_owned();
-    routes
-        .route("POST", "/v1/responses", move |r| responses(r, &command))
-        .route("GET", "/v1/models", |_| {
-            Reply::json(200, &json!({"object": "list", "data": [], "models": []}))
-        });
+    for prefix in ["/v1", "/backend-api/codex"] {
+        let command = command.to_owned();
+        routes
+            .route("POST", &format!("{prefix}/responses"), move |r| {
+                responses(r, &command)
+            })
+            .route("GET", &format!("{prefix}/models"), |_| {
+                Reply::json(200, &json!({"object": "list", "data": [], "models": []}))
+            });
+    }
 }
 
 /// Whether the request offers Codex's "code mode": a freeform `exec` tool (JavaScript that calls the

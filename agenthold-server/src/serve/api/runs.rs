@@ -254,6 +254,7 @@ async fn start_run(
         model: body.model,
         origin: RunOrigin::User(caller.user().clone()),
         depth: 0,
+        chatgpt_login: false,
     };
     let record = state.start_run(&ws, &agent, caller.user(), new).await?;
     let id = record.id.clone();

@@ -233,6 +233,7 @@ async fn start(
             run: calling_run,
         },
         depth,
+        chatgpt_login: false,
     };
     match state.start_run(ws, &target.id, &sender.created_by, new).await {
         Ok(run) => Ok((run.id, target)),

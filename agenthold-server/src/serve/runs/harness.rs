@@ -20,8 +20,9 @@
 //!   `--dangerously-bypass-approvals-and-sandbox`. Its built-in OpenAI provider first tries the Responses
 //!   API over a WebSocket and retries five times before falling back to HTTPS streaming; the run names a
 //!   provider for the same endpoint with `supports_websockets=false` ([`CODEX_PROVIDER`]), so every call is
-//!   one HTTPS request the gateway sees whole. (A ChatGPT-account login needs the built-in provider
-//!   instead.)
+//!   one HTTPS request the gateway sees whole. With a ChatGPT-account login attached to the agent, the run
+//!   keeps the built-in provider instead: it reads the account from `auth.json` (placeholders) and calls
+//!   `chatgpt.com/backend-api/codex/`, where the gateway injects the account's token.
 // enforces: P1
 
 use std::collections::BTreeMap;
@@ -60,6 +61,9 @@ pub(crate) struct HarnessArgs<'a> {
     pub(crate) model: Option<&'a str>,
     /// The caller's argv (`custom` only).
     pub(crate) custom: Option<&'a [String]>,
+    /// A ChatGPT account login is attached: `codex` keeps its built-in OpenAI provider (the account in
+    /// `auth.json`, requests to `chatgpt.com/backend-api/codex/`) instead of the API-key provider.
+    pub(crate) chatgpt_login: bool,
 }
 
 /// The full argv of a run of `harness`.
@@ -98,7 +102,12 @@ pub(crate) fn argv(harness: Harness, args: &HarnessArgs<'_>) -> Vec<String> {
                 ]
                 .map(str::to_owned),
             );
-            argv.extend(CODEX_PROVIDER.iter().map(|s| (*s).to_owned()));
+            if args.chatgpt_login {
+                // Only the switches that keep codex from calling hosts the gateway refuses.
+                argv.extend(CODEX_PROVIDER[4..].iter().map(|s| (*s).to_owned()));
+            } else {
+                argv.extend(CODEX_PROVIDER.iter().map(|s| (*s).to_owned()));
+            }
             if let Some(m) = args.model {
                 argv.extend(["--model".to_owned(), m.to_owned()]);
             }
@@ -152,6 +161,7 @@ mod tests {
             resume: Some("abc; rm -rf /"),
             model: Some("m"),
             custom: None,
+            chatgpt_login: false,
         };
         let claude = argv(Harness::Claude, &args);
         assert_eq!(&claude[..5], AS_AGENT.map(str::to_owned).as_slice());
@@ -170,6 +180,32 @@ mod tests {
         assert_eq!(own, custom);
         assert_eq!(env(Harness::Claude).get("HOME").map(String::as_str), Some(HOME));
         assert!(env(Harness::Custom).is_empty());
+    }
+
+    #[test]
+    fn codex_on_a_chatgpt_login_keeps_its_own_provider() {
+        let codex = argv(
+            Harness::Codex,
+            &HarnessArgs {
+                chatgpt_login: true,
+                ..HarnessArgs::default()
+            },
+        );
+        assert!(
+            !codex.iter().any(|a| a.starts_with("model_provider")),
+            "{codex:?}"
+        );
+        assert!(codex.iter().any(|a| a == "analytics.enabled=false"), "{codex:?}");
+        assert!(
+            codex.iter().any(|a| a == "otel.metrics_exporter=\"none\""),
+            "{codex:?}"
+        );
+        assert_eq!(codex.last().map(String::as_str), Some("-"));
+        let api_key = argv(Harness::Codex, &HarnessArgs::default());
+        assert!(
+            api_key.iter().any(|a| a.starts_with("model_provider=")),
+            "{api_key:?}"
+        );
     }
 
     #[test]

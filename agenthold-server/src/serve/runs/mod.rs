@@ -174,6 +174,10 @@ pub(crate) struct NewRun {
     pub origin: RunOrigin,
     /// Its place in an agent-to-agent chain (0 otherwise).
     pub depth: u32,
+    /// A ChatGPT provider login is attached to the agent (set by `AppState::start_run`): `codex` then
+    /// uses its built-in OpenAI provider, which reads the account from `auth.json`, instead of the
+    /// API-key provider.
+    pub chatgpt_login: bool,
 }
 
 /// Check `new` before anything starts.
@@ -419,6 +423,7 @@ impl Runs {
             resume: new.resume.as_deref(),
             model: new.model.as_deref(),
             custom: new.argv.as_deref(),
+            chatgpt_login: new.chatgpt_login,
         };
         let exec = NewExec {
             argv: harness::argv(new.harness, &args),

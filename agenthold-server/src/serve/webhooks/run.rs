@@ -29,6 +29,7 @@ pub(super) async fn start(state: &AppState, hook: &Webhook, prompt: String) -> A
             webhook: hook.id.clone(),
         },
         depth: 0,
+        chatgpt_login: false,
     };
     let run = state
         .start_run(&hook.workspace, &hook.agent, &hook.created_by, new)

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agenthold_testsupport::standin::oauth::OAuth;
-use agenthold_testsupport::standin::{FINAL_TEXT, PROVIDER_HOSTS, Reply, Routes, Standin, anthropic};
+use agenthold_testsupport::standin::{FINAL_TEXT, PROVIDER_HOSTS, Reply, Routes, Standin, anthropic, openai};
 use agenthold_testsupport::{TestCa, TestDns};
 use serde_json::{Value, json};
 
@@ -29,6 +29,8 @@ const CLIENT: &str = "9d1c250a-e61b-44d9-88ed-5944d1962f5e";
 const CODEX_CLIENT: &str = "app_EMoamEEZ73f0CkXaXp7hrann";
 const API: &str = "api.anthropic.com";
 const AUTH: &str = "platform.claude.com";
+/// Where codex sends a ChatGPT account's requests.
+const CHATGPT: &str = "chatgpt.com";
 
 /// The stand-ins and a server pointed at them.
 struct Setup {
@@ -58,6 +60,8 @@ impl Setup {
         chatgpt.routes(&mut routes, "/chatgpt/oauth/authorize", "/chatgpt/oauth/token");
         // The Messages API for the real `claude`; other paths answer 200 for the probes below.
         anthropic::routes(&mut routes, agenthold_testsupport::standin::TOOL_COMMAND);
+        // The Responses API for the real `codex`, also at chatgpt.com's `/backend-api/codex/`.
+        openai::routes(&mut routes, agenthold_testsupport::standin::TOOL_COMMAND);
         routes.route("*", "/v1/", |_| Reply::json(200, &json!({"ok": true})));
         routes.route("*", "/other/", |_| Reply::json(200, &json!({"ok": true})));
         let (https, http, dns) = rt.block_on(async {
@@ -88,6 +92,8 @@ impl Setup {
                 &format!("{API}:443={up}"),
                 "--dangerous-connect-to",
                 &format!("{AUTH}:443={up}"),
+                "--dangerous-connect-to",
+                &format!("{CHATGPT}:443={up}"),
                 "--dangerous-upstream-ca",
                 ca_path.to_str().unwrap(),
             ],
@@ -880,4 +886,136 @@ fn the_real_claude_runs_on_an_attached_login_and_its_refresh_is_answered_by_the_
     );
     assert!(hits.trim().is_empty(), "a real token is in the sandbox: {hits}");
     let _ = (&setup.rt, &setup.http, &alice);
+}
+
+// covers: S3, E15 (the real codex on a ChatGPT login keeps its built-in provider: every call reaches
+// chatgpt.com's backend with the account's token injected by the gateway, none goes to the API-key endpoint,
+// and the sandbox holds placeholders only). The stand-in does not implement the backend's workspace routing
+// discovery (`GET /backend-api/wham/accounts/check`, an undocumented answer), so codex ends its turn there
+// and the run fails: this test proves where the token goes, not a whole ChatGPT-backed turn.
+#[test]
+#[ignore = "needs root, Docker and agenthold/harness:latest; make test runs it"]
+fn the_real_codex_on_a_chatgpt_login_reaches_the_backend_only_with_the_injected_token() {
+    let present = Command::new("docker")
+        .args(["image", "inspect", HARNESS_IMAGE])
+        .output()
+        .unwrap();
+    assert!(present.status.success(), "{HARNESS_IMAGE} is missing");
+    let setup = Setup::start("", Duration::ZERO);
+    let s = &setup.server;
+    let (_, alice_token, alice) = setup.person("alice");
+    let ws = s.call(
+        "POST",
+        "/api/v1/workspaces",
+        &alice_token,
+        Some(&json!({"name": "w"})),
+    );
+    let ws = ws.body["id"].as_str().unwrap().to_owned();
+    let path = |rest: &str| format!("/api/v1/workspaces/{ws}{rest}");
+    let policy = json!({"mode": "allowlist", "entries": [CHATGPT]});
+    let r = s.call(
+        "POST",
+        &path("/agents"),
+        &alice_token,
+        Some(&json!({"name": "x", "image": HARNESS_IMAGE, "policy": policy})),
+    );
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let agent = r.body["id"].as_str().unwrap().to_owned();
+    let (login, page) = setup.start_provider_login(&alice, "chatgpt");
+    let r = setup.complete(&alice, &login, page["redirect"].as_str().unwrap());
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let r = s.call(
+        "PUT",
+        &path(&format!("/agents/{agent}/provider-login")),
+        &alice_token,
+        Some(&json!({"login": login})),
+    );
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    let access = setup
+        .chatgpt
+        .grants()
+        .iter()
+        .rev()
+        .find(|g| g.grant_type == "authorization_code" && g.ok)
+        .and_then(|g| g.issued.clone())
+        .map(|t| t.0)
+        .expect("the code exchange issued tokens");
+
+    let r = s.call(
+        "POST",
+        &path(&format!("/agents/{agent}/runs")),
+        &alice_token,
+        Some(
+            &json!({"harness": "codex", "prompt": "Run the tool, then say what it printed.",
+                     "model": "gpt-5-codex"}),
+        ),
+    );
+    assert_eq!(r.status, 202, "{:?}", r.body);
+    let run = r.body["id"].as_str().unwrap().to_owned();
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    let state = loop {
+        let r = s.call(
+            "GET",
+            &path(&format!("/agents/{agent}/runs/{run}")),
+            &alice_token,
+            None,
+        );
+        let state = r.body["state"].as_str().unwrap_or_default().to_owned();
+        if state != "running" && state != "queued" {
+            break state;
+        }
+        assert!(std::time::Instant::now() < deadline, "the codex run did not end");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let output = s.call(
+        "GET",
+        &path(&format!("/agents/{agent}/runs/{run}/output")),
+        &alice_token,
+        None,
+    );
+    assert!(
+        state == "succeeded" || output.body.to_string().contains("workspace routing discovery"),
+        "codex ended for another reason: {:?}",
+        output.body
+    );
+    // Codex called the ChatGPT backend: on the rule's paths (the Responses API and the account check)
+    // every call carried the account's real token, put there by the gateway; elsewhere (plugins) only the
+    // placeholder; nothing went to the API-key provider's endpoint.
+    let calls = setup.https.requests_to("/backend-api/");
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.path.starts_with("/backend-api/wham/accounts/check")),
+        "codex never made its account check: {:?}",
+        output.body
+    );
+    for c in &calls {
+        let on_rule = c.path.starts_with("/backend-api/codex/") || c.path.starts_with("/backend-api/wham/");
+        let auth = c.header("authorization").unwrap_or_default();
+        if on_rule {
+            assert_eq!(auth, format!("Bearer {access}"), "{c:?}");
+        } else {
+            assert!(auth.starts_with("Bearer agenthold-placeholder-"), "{c:?}");
+        }
+    }
+    assert!(
+        setup.https.requests_to("/v1/").is_empty(),
+        "the API-key provider was used"
+    );
+    // The sandbox holds placeholders only.
+    let needles: Vec<String> = setup
+        .chatgpt
+        .all_tokens()
+        .iter()
+        .map(|t| format!("-e '{t}'"))
+        .collect();
+    let (_, hits) = sh(
+        &agent,
+        &format!(
+            "grep -rlsF --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev {} /",
+            needles.join(" ")
+        ),
+    );
+    assert!(hits.trim().is_empty(), "a real token is in the sandbox: {hits}");
+    let _ = (&setup.rt, &setup.http);
 }
