@@ -73,7 +73,7 @@ pub(crate) struct Context {
     /// Open long-lived connections, swept on policy changes (E21).
     pub(crate) open: Arc<OpenConnections>,
     /// One lock per refresh group: a group's token refreshes run one at a time (E15).
-    pub(crate) refresh_locks: crate::refresh::RefreshLocks,
+    pub(crate) refresh_locks: RefreshLocks,
 }
 
 impl Context {
@@ -127,4 +127,24 @@ pub(crate) struct AgentContext {
     /// Fires when the agent is detached or the gateway shuts down; every task serving the agent ends with
     /// it.
     pub(crate) cancel: CancellationToken,
+}
+
+/// One async lock per refresh group, forgotten when no refresh holds or waits for it.
+#[derive(Debug, Default)]
+pub(crate) struct RefreshLocks(
+    std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<tokio::sync::Mutex<()>>>>,
+);
+
+impl RefreshLocks {
+    /// The lock of `group`.
+    pub(crate) fn get(&self, group: String) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.retain(|_, lock| lock.strong_count() > 0);
+        if let Some(lock) = map.get(&group).and_then(std::sync::Weak::upgrade) {
+            return lock;
+        }
+        let lock = std::sync::Arc::new(tokio::sync::Mutex::new(()));
+        map.insert(group, std::sync::Arc::downgrade(&lock));
+        lock
+    }
 }

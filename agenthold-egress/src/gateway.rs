@@ -335,7 +335,7 @@ impl GatewayBuilder {
                 self.limits.requests_per_agent,
             )),
             open: Arc::new(OpenConnections::default()),
-            refresh_locks: crate::refresh::RefreshLocks::default(),
+            refresh_locks: crate::context::RefreshLocks::default(),
         });
         let root = CancellationToken::new();
         let tasks = TaskTracker::new();

@@ -11,8 +11,6 @@
 //! [`SecretInjector::refresh_group`]: agenthold_core::secret::SecretInjector::refresh_group
 // enforces: E15
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use agenthold_core::AgentId;
@@ -37,24 +35,6 @@ const MAX_RESPONSE: usize = 1024 * 1024;
 const UPSTREAM_WAIT: Duration = Duration::from_secs(30);
 /// The longest a refresh waits for the one of its group before it (whose upstream calls are bounded).
 const GROUP_WAIT: Duration = Duration::from_secs(120);
-
-/// One async lock per refresh group, forgotten when no refresh holds or waits for it.
-#[derive(Debug, Default)]
-pub(crate) struct RefreshLocks(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
-
-impl RefreshLocks {
-    /// The lock of `group`.
-    pub(crate) fn get(&self, group: String) -> Arc<tokio::sync::Mutex<()>> {
-        let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        map.retain(|_, lock| lock.strong_count() > 0);
-        if let Some(lock) = map.get(&group).and_then(Weak::upgrade) {
-            return lock;
-        }
-        let lock = Arc::new(tokio::sync::Mutex::new(()));
-        map.insert(group, Arc::downgrade(&lock));
-        lock
-    }
-}
 
 /// Answer `agent`'s token refresh for the refresh-token secret `secret`.
 pub(crate) async fn answer(
