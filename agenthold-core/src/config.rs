@@ -110,6 +110,19 @@ pub struct EgressConfig {
     /// their own burst, so agents flooding DNS cannot starve the others (less than `dns_gateway_burst`).
     /// Default: `1000`.
     pub dns_gateway_reserve: u32,
+    /// Answers the resolver caches, all agents together (each agent has its own entries); `0` disables the
+    /// cache. Default: `10000`.
+    pub dns_cache_entries: usize,
+    /// Shortest time a positive answer stays cached, whatever its TTL. Default: `0` (the TTL is honoured).
+    pub dns_cache_min_ttl_secs: u64,
+    /// Longest time a positive answer stays cached (at least `dns_cache_min_ttl_secs`). Default: `3600`.
+    pub dns_cache_max_ttl_secs: u64,
+    /// Longest time a negative answer (NXDOMAIN, NODATA) stays cached; it is otherwise cached for the SOA's
+    /// negative TTL (RFC 2308), or not at all without an SOA. Default: `300`.
+    pub dns_cache_max_negative_ttl_secs: u64,
+    /// UDP sockets the resolver keeps open towards the upstream at most (each on a random port, renewed
+    /// regularly; at least 1). Default: `32`.
+    pub dns_upstream_sockets: usize,
 }
 
 impl Default for EgressConfig {
@@ -136,6 +149,11 @@ impl Default for EgressConfig {
             dns_gateway_qps: 2000,
             dns_gateway_burst: 4000,
             dns_gateway_reserve: 1000,
+            dns_cache_entries: 10_000,
+            dns_cache_min_ttl_secs: 0,
+            dns_cache_max_ttl_secs: 3600,
+            dns_cache_max_negative_ttl_secs: 300,
+            dns_upstream_sockets: 32,
         }
     }
 }
@@ -175,14 +193,27 @@ pub struct SandboxConfig {
     pub memory_bytes: u64,
     /// Process limit per sandbox (at least 16). Default: `512`.
     pub pids: u32,
-    /// IPv4 pool the agent networks are taken from, one `/24` each; the prefix must be at most 24.
-    /// Default: `10.213.0.0/16`.
+    /// IPv4 pool the agent networks are taken from, one `/subnet_prefix` each; its prefix must be at most
+    /// `subnet_prefix`. Default: `10.213.0.0/16`.
     pub subnet_pool: Ipv4Net,
+    /// Prefix length of each new agent network taken from `subnet_pool`, 16 to 29 (a network needs the
+    /// gateway's `.2`, the gateway holder's join address, the sandbox's address and room for the network
+    /// and broadcast addresses). Agents created earlier keep the network in their record, whatever its
+    /// size. Default: `28` (16 addresses; 4096 agents in a `/16`).
+    pub subnet_prefix: u8,
     /// Sandboxes kept created and started, ready to hand out (no egress until handed out). Only plain
     /// specs use them: the default image, runtime and limits, no environment, secrets or labels. Default:
     /// `0` (off).
     pub warm_pool: usize,
 }
+
+/// Default prefix length of an agent network (`sandbox.subnet_prefix`).
+pub const DEFAULT_SUBNET_PREFIX: u8 = 28;
+/// Shortest allowed prefix length of an agent network (`sandbox.subnet_prefix`).
+pub const MIN_SUBNET_PREFIX: u8 = 16;
+/// Longest allowed prefix length of an agent network (`sandbox.subnet_prefix`): a /29 has six host
+/// addresses, enough for `.1`, the gateway's `.2`, the sandbox and the holder's join address.
+pub const MAX_SUBNET_PREFIX: u8 = 29;
 
 impl Default for SandboxConfig {
     fn default() -> Self {
@@ -193,6 +224,7 @@ impl Default for SandboxConfig {
             memory_bytes: 2 * 1024 * 1024 * 1024,
             pids: 512,
             subnet_pool: Ipv4Net::new_assert(std::net::Ipv4Addr::new(10, 213, 0, 0), 16),
+            subnet_prefix: DEFAULT_SUBNET_PREFIX,
             warm_pool: 0,
         }
     }
@@ -658,6 +690,7 @@ impl Config {
         for (key, n) in [
             ("egress.max_connections_per_agent", e.max_connections_per_agent),
             ("egress.max_requests_per_agent", e.max_requests_per_agent),
+            ("egress.dns_upstream_sockets", e.dns_upstream_sockets),
         ] {
             if n == 0 {
                 return fail(key, "must be at least 1, found 0".into());
@@ -703,6 +736,18 @@ impl Config {
                 problem,
             ));
         }
+        if e.dns_cache_min_ttl_secs > e.dns_cache_max_ttl_secs {
+            return Err((
+                vec![
+                    "egress.dns_cache_min_ttl_secs".into(),
+                    "egress.dns_cache_max_ttl_secs".into(),
+                ],
+                format!(
+                    "{} must not exceed egress.dns_cache_max_ttl_secs ({})",
+                    e.dns_cache_min_ttl_secs, e.dns_cache_max_ttl_secs
+                ),
+            ));
+        }
         for (key, secs) in [
             ("egress.sniff_timeout_secs", e.sniff_timeout_secs),
             ("egress.connect_timeout_secs", e.connect_timeout_secs),
@@ -737,12 +782,21 @@ impl Config {
         if s.pids < 16 {
             return fail("sandbox.pids", format!("must be at least 16, found {}", s.pids));
         }
-        if s.subnet_pool.prefix_len() > 24 {
+        if !(MIN_SUBNET_PREFIX..=MAX_SUBNET_PREFIX).contains(&s.subnet_prefix) {
+            return fail(
+                "sandbox.subnet_prefix",
+                format!(
+                    "must be {MIN_SUBNET_PREFIX} to {MAX_SUBNET_PREFIX}, found {}",
+                    s.subnet_prefix
+                ),
+            );
+        }
+        if s.subnet_pool.prefix_len() > s.subnet_prefix {
             return fail(
                 "sandbox.subnet_pool",
                 format!(
-                    "{} is smaller than one /24; use a prefix of 24 or less",
-                    s.subnet_pool
+                    "{} is smaller than one /{} (sandbox.subnet_prefix); use a prefix of {} or less",
+                    s.subnet_pool, s.subnet_prefix, s.subnet_prefix
                 ),
             );
         }

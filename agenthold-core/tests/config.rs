@@ -97,6 +97,7 @@ fn empty_yaml_gives_the_seeds_defaults() {
         assert_eq!(s.memory_bytes, 2_147_483_648);
         assert_eq!(s.pids, 512);
         assert_eq!(s.subnet_pool.to_string(), "10.213.0.0/16");
+        assert_eq!(s.subnet_prefix, 28);
         assert_eq!(c.server.listen, "127.0.0.1:8080".parse::<SocketAddr>().unwrap());
     }
 }
@@ -319,9 +320,24 @@ fn out_of_range_values_fail_naming_the_key() {
         ),
         ("sandbox:\n  pids: 15\n", "sandbox.pids", "at least 16"),
         (
-            "sandbox:\n  subnet_pool: 10.0.0.0/25\n",
+            "sandbox:\n  subnet_pool: 10.0.0.0/29\n",
+            "sandbox.subnet_pool",
+            "/28",
+        ),
+        (
+            "sandbox:\n  subnet_pool: 10.0.0.0/25\n  subnet_prefix: 24\n",
             "sandbox.subnet_pool",
             "/24",
+        ),
+        (
+            "sandbox:\n  subnet_prefix: 30\n",
+            "sandbox.subnet_prefix",
+            "16 to 29",
+        ),
+        (
+            "sandbox:\n  subnet_prefix: 15\n",
+            "sandbox.subnet_prefix",
+            "16 to 29",
         ),
         (
             "sandbox:\n  subnet_pool: 10.213.1.0/16\n",
@@ -459,6 +475,7 @@ fn every_key_has_a_variable() {
         ("AGENTHOLD_EGRESS_IDLE_TIMEOUT_SECS", "egress.idle_timeout_secs"),
         ("AGENTHOLD_SECRETS_MASTER_KEY_FILE", "secrets.master_key_file"),
         ("AGENTHOLD_SANDBOX_SUBNET_POOL", "sandbox.subnet_pool"),
+        ("AGENTHOLD_SANDBOX_SUBNET_PREFIX", "sandbox.subnet_prefix"),
         ("AGENTHOLD_SERVER_LISTEN", "server.listen"),
         ("AGENTHOLD_SERVER_PUBLIC_URL", "server.public_url"),
         ("AGENTHOLD_AUTH_RATE_PER_USER", "auth.rate_per_user"),
@@ -471,7 +488,7 @@ fn every_key_has_a_variable() {
         .count();
     // Two of its own, nine per provider (Claude, ChatGPT).
     assert_eq!(harness_logins, 2 + 2 * 9);
-    assert_eq!(vars.len(), 1 + 21 + 1 + 7 + 2 + 6 + 5 + 5 + harness_logins);
+    assert_eq!(vars.len(), 1 + 26 + 1 + 8 + 2 + 6 + 5 + 5 + harness_logins);
     for key in [
         "auth.oidc.issuer",
         "auth.oidc.scopes",
@@ -625,6 +642,16 @@ fn deny_cidrs_and_dns_budgets_have_documented_defaults_and_are_checked() {
             "less than",
         ),
         ("egress:\n  dns_agent_qps: -5\n", "egress.dns_agent_qps", ""),
+        (
+            "egress:\n  dns_upstream_sockets: 0\n",
+            "egress.dns_upstream_sockets",
+            "at least 1",
+        ),
+        (
+            "egress:\n  dns_cache_min_ttl_secs: 7200\n",
+            "egress.dns_cache_min_ttl_secs",
+            "must not exceed",
+        ),
     ] {
         let problem = fails_on(yaml, key);
         assert!(problem.contains(expected), "{yaml:?}: {problem}");

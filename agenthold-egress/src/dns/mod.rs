@@ -9,8 +9,11 @@
 //!   [`Guard`](crate::guard::Guard) refuses is stripped (DNS rebinding, E6, E22).
 //! - [`DnsBudget`] bounds queries per agent and for the whole gateway, with a reserve so that flooding agents
 //!   cannot starve quiet ones, and counts what happened to every query (E20).
-//! - [`Upstream`] is the DNS client towards `egress.dns_upstream`: [`Upstream::forward`] for the server and
-//!   [`Upstream::lookup`] (cached) for the proxy's own dialling.
+//! - [`Upstream`] is the DNS client towards `egress.dns_upstream`: [`Forward::forward_for`] for the server
+//!   (answers cached per agent within [`ForwardLimits`], identical concurrent questions coalesced, sent from
+//!   a bounded pool of randomly bound sockets) and [`Upstream::lookup`] (cached) for the proxy's own
+//!   dialling. The cache sits below every check: a cached answer goes through the same policy check,
+//!   rebinding filter and name records as a fresh one.
 //! - [`Records`] remembers, per agent, which name each answered address came from, so the transparent proxy
 //!   can decide a plain TCP connection (SSH, databases) by the name the agent resolved.
 //! - [`SyntheticNames`] backs the test-only `--dangerous-connect-to` override: a name answers with a
@@ -26,15 +29,19 @@
 mod answer;
 mod budget;
 mod cache;
+mod forward_cache;
+mod pool;
 mod records;
 mod server;
 mod special;
 mod synthetic;
 mod upstream;
+mod wire;
 
 use std::future::Future;
+use std::time::Instant;
 
-use agenthold_core::ErrorKind;
+use agenthold_core::{AgentId, ErrorKind};
 
 pub use hickory_proto as proto;
 
@@ -43,11 +50,13 @@ pub use crate::error::LookupError;
 
 pub use answer::Transport;
 pub use budget::{DnsBudget, DnsCount, DnsCounters, DnsLimits};
+pub use forward_cache::ForwardLimits;
 pub use records::{RECORDS_MIN_TTL, Records};
 pub use server::{Server, ServerContext, ServerHandle, ServerLimits};
 pub use special::LOCAL_SUFFIXES;
 pub use synthetic::{SYNTHETIC_RANGE, SyntheticNames};
 pub use upstream::{Lookup, Upstream};
+pub use wire::QueryView;
 
 use proto::op::Message;
 
@@ -62,6 +71,60 @@ pub trait Forward: Send + Sync + 'static {
     /// # Errors
     /// [`LookupError`] when no acceptable answer arrived.
     fn forward(&self, query: &Message) -> impl Future<Output = Result<Message, LookupError>> + Send;
+
+    /// [`Forward::forward`] on behalf of `agent`: what [`Server`] calls. An implementation may answer from a
+    /// cache, but only from answers it got for the same `agent` (so one agent cannot learn by timing what
+    /// another resolved). The server applies its policy, rebinding filter and name records to whatever
+    /// comes back, cached or not. The default forwards without a cache.
+    ///
+    /// # Errors
+    /// As [`Forward::forward`].
+    fn forward_for(
+        &self,
+        agent: &AgentId,
+        query: &Message,
+    ) -> impl Future<Output = Result<Message, LookupError>> + Send {
+        let _ = agent;
+        self.forward(query)
+    }
+
+    /// An answer to `query` from `agent`'s cache entries, without waiting, or `None` (then the server calls
+    /// [`Forward::forward_for`]). The default has no cache.
+    fn cached_for(&self, agent: &AgentId, query: &Message) -> Option<Message> {
+        let _ = (agent, query);
+        None
+    }
+
+    /// [`Forward::cached_for`] with the entry's times, in [`Forward::now`]'s clock: what the server calls.
+    /// The server keeps the final reply bytes of such an answer until [`CachedAnswer::expires`] (see
+    /// `wire.rs`). The default wraps [`Forward::cached_for`] with an expiry of now (nothing kept).
+    fn cached_entry_for(&self, agent: &AgentId, query: &Message) -> Option<CachedAnswer> {
+        let now = self.now();
+        self.cached_for(agent, query).map(|message| CachedAnswer {
+            message,
+            stored: now,
+            age: 0,
+            expires: now,
+        })
+    }
+
+    /// The cache's clock (tests drive it by hand). The default is [`Instant::now`].
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// An answer from a [`Forward`] implementation's cache, with the entry's times.
+#[derive(Debug, Clone)]
+pub struct CachedAnswer {
+    /// The answer, every TTL lowered by `age`.
+    pub message: Message,
+    /// When the entry was stored.
+    pub stored: Instant,
+    /// The whole seconds the TTLs of `message` were lowered by (the entry's age when it was read).
+    pub age: u32,
+    /// When the entry stops being served.
+    pub expires: Instant,
 }
 
 impl LookupError {

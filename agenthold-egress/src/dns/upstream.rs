@@ -1,28 +1,36 @@
 //! The gateway's own DNS client towards `egress.dns_upstream`.
 //!
-//! Every exchange uses a fresh UDP socket (a random source port chosen by the kernel) and a fresh random
-//! 16-bit id, and accepts only a datagram from the upstream's address whose id and question match: an
-//! off-path attacker has to guess both the port and the id to inject an answer. A datagram that does not
-//! match is ignored and the wait goes on until the deadline. An answer with TC set is asked again over TCP.
+//! Every exchange leases a UDP socket from a bounded pool (`pool.rs`: each socket on a random ephemeral port,
+//! replaced after a number of queries or seconds) and uses a fresh random 16-bit id, and accepts only a
+//! datagram from the upstream's address whose id and question match: an off-path attacker has to guess both
+//! the port and the id to inject an answer. A datagram that does not match is ignored (and counted, see
+//! [`Upstream::mismatched_answers`]) and the wait goes on until the deadline. An answer with TC set is asked again over TCP.
 //! Each attempt has a timeout; a timed-out or failed UDP attempt is retried once.
 //!
 //! The query sent upstream is built afresh from the question alone (no client EDNS options, no DO bit):
 //! nothing a sandbox puts in its packet besides the name and type reaches the upstream.
+//!
+//! [`Forward::forward_for`] (what the resolver uses) answers from a per-agent cache first and coalesces
+//! identical concurrent questions of one agent into one exchange (`forward_cache.rs`).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use agenthold_core::AgentId;
 use agenthold_core::policy::normalize_name;
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{DNSClass, Name, RData, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, UdpSocket};
+use tokio::net::TcpStream;
 use tokio::sync::OnceCell;
 
 use super::cache::ExpiringMap;
-use super::{Forward, LookupError};
+use super::forward_cache::{ForwardCache, ForwardLimits, Key};
+use super::pool::SocketPool;
+use super::{CachedAnswer, Forward, LookupError};
 
 /// Default timeout of one attempt.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -44,6 +52,9 @@ const MAX_CACHE_TTL: Duration = Duration::from_secs(300);
 const NEGATIVE_TTL: Duration = Duration::from_secs(5);
 /// At most this many addresses are kept per looked-up name.
 const MAX_ADDRS: usize = 64;
+/// Callers waiting for one forwarded question besides the one asking; more get SERVFAIL at once. (The
+/// key includes the agent, whose server runs at most 256 queries at once.)
+const MAX_WAITERS: usize = 256;
 
 /// The addresses a name resolved to, for the proxy's own dialling.
 ///
@@ -60,8 +71,10 @@ pub struct Lookup {
 }
 
 type Shared = Arc<OnceCell<Result<Lookup, LookupError>>>;
+type SharedAnswer = Arc<OnceCell<Result<Arc<Message>, LookupError>>>;
 
-/// DNS client towards one upstream server, with a lookup cache.
+/// DNS client towards one upstream server, with a lookup cache (for dialling) and a per-agent answer cache
+/// (for the resolver's forward path).
 #[derive(Debug)]
 pub struct Upstream {
     addr: SocketAddr,
@@ -69,17 +82,75 @@ pub struct Upstream {
     cache: Mutex<ExpiringMap<String, Result<Lookup, LookupError>>>,
     /// Lookups under way, by name: concurrent callers for one name share one upstream exchange.
     inflight: Mutex<HashMap<String, Shared>>,
+    /// Answers of the forward path, per agent.
+    pub(super) answers: ForwardCache,
+    /// Forwarded questions under way, by cache key: identical concurrent questions share one exchange.
+    pub(super) forwarding: Mutex<HashMap<Key, SharedAnswer>>,
+    pool: SocketPool,
+    /// Datagrams dropped because their source, id or question did not match, or they did not parse.
+    mismatched: AtomicU64,
+    /// A clock tests set by hand (`None`: the real one). Only the answer cache reads it.
+    manual_clock: Option<Arc<Mutex<Instant>>>,
 }
 
 impl Upstream {
-    /// A client of the DNS server at `addr`, with a 2 s timeout per attempt and a 10 000-name cache.
+    /// A client of the DNS server at `addr`, with a 2 s timeout per attempt, a 10 000-name lookup cache and
+    /// the default [`ForwardLimits`].
     #[must_use]
     pub fn new(addr: SocketAddr) -> Self {
+        let limits = ForwardLimits::default();
         Self {
             addr,
             timeout: DEFAULT_TIMEOUT,
             cache: Mutex::new(ExpiringMap::new(DEFAULT_CACHE_NAMES)),
             inflight: Mutex::new(HashMap::new()),
+            answers: ForwardCache::new(limits),
+            forwarding: Mutex::new(HashMap::new()),
+            pool: SocketPool::new(&limits),
+            mismatched: AtomicU64::new(0),
+            manual_clock: None,
+        }
+    }
+
+    /// Replace the forward path's bounds: answer cache and upstream sockets (call before first use).
+    #[must_use]
+    pub fn with_forward_limits(mut self, limits: ForwardLimits) -> Self {
+        self.answers = ForwardCache::new(limits);
+        self.pool = SocketPool::new(&limits);
+        self
+    }
+
+    /// The forward path's bounds.
+    #[must_use]
+    pub fn forward_limits(&self) -> &ForwardLimits {
+        self.answers.limits()
+    }
+
+    /// Datagrams from the upstream's direction dropped so far because their source address, id or question
+    /// did not match the query they arrived for (spoofed or late answers), or because they did not parse.
+    #[must_use]
+    pub fn mismatched_answers(&self) -> u64 {
+        self.mismatched.load(Ordering::Relaxed)
+    }
+
+    /// UDP sockets open towards the upstream now (at most [`ForwardLimits::upstream_sockets`]).
+    #[must_use]
+    pub fn open_sockets(&self) -> usize {
+        self.pool.open()
+    }
+
+    /// Drive the answer cache's clock by hand from `start` (tests).
+    #[cfg(test)]
+    pub(crate) fn with_manual_clock(mut self, start: Instant) -> (Self, Arc<Mutex<Instant>>) {
+        let clock = Arc::new(Mutex::new(start));
+        self.manual_clock = Some(Arc::clone(&clock));
+        (self, clock)
+    }
+
+    fn now(&self) -> Instant {
+        match &self.manual_clock {
+            Some(clock) => *lock(clock),
+            None => Instant::now(),
         }
     }
 
@@ -193,7 +264,7 @@ impl Upstream {
         fqdn: &Name,
         rtype: RecordType,
     ) -> Result<(Vec<IpAddr>, u32), LookupError> {
-        let answer = self.exchange(&Query::query(fqdn.clone(), rtype), false).await?;
+        let (answer, _) = self.exchange(&Query::query(fqdn.clone(), rtype), false).await?;
         match answer.response_code {
             ResponseCode::NoError => {}
             ResponseCode::NXDomain => {
@@ -230,11 +301,11 @@ impl Upstream {
         &self,
         question: &Query,
         checking_disabled: bool,
-    ) -> Result<Message, LookupError> {
+    ) -> Result<(Message, usize), LookupError> {
         let mut last = None;
         for _ in 0..UDP_ATTEMPTS {
             match self.exchange_udp(question, checking_disabled).await {
-                Ok(answer) if answer.truncation => {
+                Ok((answer, _)) if answer.truncation => {
                     return self.exchange_tcp(question, checking_disabled).await;
                 }
                 Ok(answer) => return Ok(answer),
@@ -245,45 +316,65 @@ impl Upstream {
         Err(last.unwrap_or_else(|| self.timed_out(question)))
     }
 
-    async fn exchange_udp(&self, question: &Query, checking_disabled: bool) -> Result<Message, LookupError> {
+    async fn exchange_udp(
+        &self,
+        question: &Query,
+        checking_disabled: bool,
+    ) -> Result<(Message, usize), LookupError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let (id, packet) = self.encode(question, checking_disabled)?;
         let io = |context| self.io_error(question, context);
-        let local: SocketAddr = match self.addr {
-            SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-            SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
-        };
-        // Port 0: the kernel picks a random ephemeral port. Connecting makes the kernel drop datagrams from
-        // any other address; the source is compared again below all the same.
-        let socket = UdpSocket::bind(local).await.map_err(io("bind"))?;
-        socket.connect(self.addr).await.map_err(io("connect"))?;
-        match tokio::time::timeout_at(deadline, socket.send(&packet)).await {
-            Ok(sent) => sent.map_err(io("send"))?,
+        // One socket of the bounded pool, ours alone until the exchange ends (returned on drop, even when
+        // this future is cancelled).
+        let lease = match tokio::time::timeout_at(deadline, self.pool.lease(self.addr)).await {
+            Ok(lease) => lease.map_err(io("bind"))?,
             Err(_) => return Err(self.timed_out(question)),
         };
-        let mut buf = vec![0u8; UDP_RECV_BUF];
+        let socket = lease.socket();
+        match tokio::time::timeout_at(deadline, socket.send(&packet)).await {
+            Ok(sent) => sent.map_err(|e| {
+                lease.discard();
+                io("send")(e)
+            })?,
+            Err(_) => return Err(self.timed_out(question)),
+        };
+        let mut buf = [0u8; UDP_RECV_BUF];
         loop {
             let (len, from) = match tokio::time::timeout_at(deadline, socket.recv_from(&mut buf)).await {
-                Ok(received) => received.map_err(io("receive"))?,
+                Ok(Ok(received)) => received,
+                Ok(Err(e)) => {
+                    lease.discard();
+                    return Err(io("receive")(e));
+                }
                 Err(_) => return Err(self.timed_out(question)),
             };
             if from != self.addr {
+                self.mismatched.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(upstream = %self.addr, %from, "DNS answer from an unexpected address ignored");
                 continue;
             }
             let Some(bytes) = buf.get(..len) else { continue };
             match Message::from_vec(bytes) {
-                Ok(answer) if answers(&answer, id, question) => return Ok(answer),
-                // A spoofed or stale datagram: keep waiting for the real answer until the deadline.
+                Ok(answer) if answers(&answer, id, question) => return Ok((answer, len)),
+                // A spoofed or stale datagram (a late answer to an earlier query on this pooled socket): keep
+                // waiting for the real answer until the deadline.
                 Ok(_) => {
+                    self.mismatched.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(upstream = %self.addr, "DNS answer with a wrong id or question ignored");
                 }
-                Err(e) => tracing::debug!(upstream = %self.addr, error = %e, "malformed DNS answer ignored"),
+                Err(e) => {
+                    self.mismatched.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(upstream = %self.addr, error = %e, "malformed DNS answer ignored");
+                }
             }
         }
     }
 
-    async fn exchange_tcp(&self, question: &Query, checking_disabled: bool) -> Result<Message, LookupError> {
+    async fn exchange_tcp(
+        &self,
+        question: &Query,
+        checking_disabled: bool,
+    ) -> Result<(Message, usize), LookupError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         match tokio::time::timeout_at(deadline, self.exchange_tcp_inner(question, checking_disabled)).await {
             Ok(result) => result,
@@ -295,7 +386,7 @@ impl Upstream {
         &self,
         question: &Query,
         checking_disabled: bool,
-    ) -> Result<Message, LookupError> {
+    ) -> Result<(Message, usize), LookupError> {
         let (id, packet) = self.encode(question, checking_disabled)?;
         let io = |context| self.io_error(question, context);
         let mut stream = TcpStream::connect(self.addr).await.map_err(io("connect (TCP)"))?;
@@ -313,7 +404,7 @@ impl Upstream {
         if !answers(&answer, id, question) {
             return Err(self.malformed(question, "TCP answer with a wrong id or question"));
         }
-        Ok(answer)
+        Ok((answer, buf.len()))
     }
 
     /// A fresh query for `question` with a random id: only the question, RD, CD as the client asked, and our
@@ -374,7 +465,79 @@ impl Forward for Upstream {
                 problem: format!("{} questions, expected one", query.queries.len()),
             });
         };
-        self.exchange(question, query.checking_disabled).await
+        Ok(self.exchange(question, query.checking_disabled).await?.0)
+    }
+
+    fn cached_for(&self, agent: &AgentId, query: &Message) -> Option<Message> {
+        let [question] = query.queries.as_slice() else {
+            return None;
+        };
+        let now = self.now();
+        let hit = self.answers.get(agent, question, query.checking_disabled, now)?;
+        Some(hit.aged(now))
+    }
+
+    fn cached_entry_for(&self, agent: &AgentId, query: &Message) -> Option<CachedAnswer> {
+        let [question] = query.queries.as_slice() else {
+            return None;
+        };
+        let now = self.now();
+        let hit = self.answers.get(agent, question, query.checking_disabled, now)?;
+        Some(CachedAnswer {
+            message: hit.aged(now),
+            stored: hit.stored(),
+            age: hit.age(now),
+            expires: hit.expires(),
+        })
+    }
+
+    fn now(&self) -> Instant {
+        Upstream::now(self)
+    }
+
+    /// Answer from `agent`'s part of the cache when a fresh answer is there (TTLs lowered by its age), else
+    /// forward: concurrent identical questions of one agent share one upstream exchange, and a cacheable
+    /// answer is stored (see `forward_cache.rs`).
+    async fn forward_for(&self, agent: &AgentId, query: &Message) -> Result<Message, LookupError> {
+        let [question] = query.queries.as_slice() else {
+            return self.forward(query).await;
+        };
+        let cd = query.checking_disabled;
+        let now = self.now();
+        if let Some(hit) = self.answers.get(agent, question, cd, now) {
+            return Ok(hit.aged(now));
+        }
+        let key = Key::new(agent, question, cd);
+        let cell = {
+            let mut inflight = lock(&self.forwarding);
+            let cell = inflight.entry(key.clone()).or_default();
+            // The table's reference, the leader's, and one per waiter.
+            if Arc::strong_count(cell) > MAX_WAITERS + 1 {
+                return Err(LookupError::ServFail {
+                    upstream: self.addr,
+                    name: question.name.to_ascii(),
+                    rcode: u16::from(ResponseCode::ServFail),
+                });
+            }
+            Arc::clone(cell)
+        };
+        let _cleanup = ForwardingGuard {
+            upstream: self,
+            key: &key,
+            cell: &cell,
+        };
+        // If the caller running the exchange is cancelled, the next waiter runs its own (tokio's OnceCell).
+        let shared = cell
+            .get_or_init(|| async {
+                let (answer, len) = self.exchange(question, query.checking_disabled).await?;
+                self.answers.insert(agent, question, cd, &answer, len, self.now());
+                Ok(Arc::new(answer))
+            })
+            .await;
+        match shared {
+            Ok(answer) => Ok(Message::clone(answer)),
+            Err(e) => Err(e.clone()),
+        }
     }
 }
 
@@ -386,6 +549,24 @@ fn answers(answer: &Message, id: u16, question: &Query) -> bool {
         && matches!(answer.queries.as_slice(), [q] if q.name == question.name
             && q.query_type == question.query_type
             && q.query_class == DNSClass::IN)
+}
+
+/// Removes a finished (or abandoned) forwarded query from the in-flight table when its last user is gone.
+struct ForwardingGuard<'a> {
+    upstream: &'a Upstream,
+    key: &'a Key,
+    cell: &'a SharedAnswer,
+}
+
+impl Drop for ForwardingGuard<'_> {
+    fn drop(&mut self) {
+        let mut inflight = lock(&self.upstream.forwarding);
+        if inflight.get(self.key).is_some_and(|c| Arc::ptr_eq(c, self.cell))
+            && Arc::strong_count(self.cell) <= 2
+        {
+            inflight.remove(self.key);
+        }
+    }
 }
 
 /// Removes a finished (or abandoned) lookup from the in-flight table when its last user is gone.

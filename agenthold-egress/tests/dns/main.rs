@@ -148,6 +148,7 @@ fn a_records(m: &Message) -> Vec<IpAddr> {
 }
 
 mod fuzz_check;
+mod query_view_check;
 mod regressions;
 mod server;
 mod upstream;
