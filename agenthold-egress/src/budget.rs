@@ -93,9 +93,21 @@ impl Budget {
     pub(crate) fn new(total: usize, per_agent: usize, requests_per_agent: usize) -> Self {
         // Raised whatever the configuration says: a proxy needs far more than a shell's 1024.
         let fds = usize::try_from(raise_descriptor_limit()).unwrap_or(usize::MAX);
+        let derived = from_descriptor_limit(fds);
         let total = if total == 0 {
-            from_descriptor_limit(fds)
+            derived
         } else {
+            if total > derived {
+                // Past what the descriptors allow, the budget stops protecting anyone: the process runs out
+                // of descriptors first, and then every agent fails alike (found by the soak benchmark).
+                tracing::warn!(
+                    max_connections = total,
+                    descriptors = fds,
+                    derived,
+                    "egress.max_connections is above what the descriptor limit allows ((limit - {FDS_RESERVED}) / \
+                     {FDS_PER_CONNECTION}): raise the process's descriptor limit (e.g. LimitNOFILE) or lower it"
+                );
+            }
             total
         };
         let total = total.max(1);

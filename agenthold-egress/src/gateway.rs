@@ -80,6 +80,7 @@ pub struct GatewayBuilder {
     dangerous: Dangerous,
     deny_cidrs: Vec<IpNet>,
     dns_limits: dns::DnsLimits,
+    dns_forward: dns::ForwardLimits,
 }
 
 /// Budgets of the gateway (E20); see `egress.max_*` in the configuration.
@@ -149,6 +150,7 @@ impl fmt::Debug for GatewayBuilder {
             .field("dangerous", &self.dangerous)
             .field("deny_cidrs", &self.deny_cidrs)
             .field("dns_limits", &self.dns_limits)
+            .field("dns_forward", &self.dns_forward)
             .finish_non_exhaustive()
     }
 }
@@ -240,8 +242,15 @@ impl GatewayBuilder {
         self
     }
 
-    /// Apply the `egress` section of the configuration: timeouts, log size, disabled, deny list, DNS budgets.
-    /// The DNS upstream is resolved from it as well when not set explicitly.
+    /// The resolver's answer cache and upstream socket bounds (default [`dns::ForwardLimits::default`]).
+    #[must_use]
+    pub fn dns_forward_limits(mut self, limits: dns::ForwardLimits) -> Self {
+        self.dns_forward = limits;
+        self
+    }
+
+    /// Apply the `egress` section of the configuration: timeouts, log size, disabled, deny list, DNS budgets
+    /// and cache. The DNS upstream is resolved from it as well when not set explicitly.
     ///
     /// # Errors
     /// When `dns_upstream` is empty and resolv.conf has no usable nameserver.
@@ -257,6 +266,7 @@ impl GatewayBuilder {
         self.disabled = egress.disabled;
         self.deny_cidrs.clone_from(&egress.deny_cidrs);
         self.dns_limits = dns::DnsLimits::from_config(egress);
+        self.dns_forward = dns::ForwardLimits::from_config(egress);
         if self.dns_upstream.is_none() {
             self.dns_upstream = Some(egress.dns_upstream()?);
         }
@@ -285,7 +295,7 @@ impl GatewayBuilder {
         let upstream_addr = self.dns_upstream.ok_or_else(|| Error::Config {
             problem: "a DNS upstream is required (egress.dns_upstream or resolv.conf)".into(),
         })?;
-        let upstream = Arc::new(dns::Upstream::new(upstream_addr));
+        let upstream = Arc::new(dns::Upstream::new(upstream_addr).with_forward_limits(self.dns_forward));
         let resolver: Arc<dyn Resolve> = match self.resolver {
             Some(r) => r,
             None => Arc::clone(&upstream) as Arc<dyn Resolve>,
@@ -391,6 +401,7 @@ impl Gateway {
             dangerous: Dangerous::default(),
             deny_cidrs: Vec::new(),
             dns_limits: dns::DnsLimits::default(),
+            dns_forward: dns::ForwardLimits::default(),
         }
     }
 

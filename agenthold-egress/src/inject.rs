@@ -100,6 +100,14 @@ fn apply_head(req: &mut Request<Incoming>, head: RequestHead) -> Result<(), &'st
         headers.append(name, value);
     }
     *req.headers_mut() = headers;
+    let unchanged = req
+        .uri()
+        .path_and_query()
+        .is_some_and(|p| p.as_str() == head.path_and_query);
+    if unchanged {
+        // A header rule only (the common case): the URI stays as it is, not parsed again.
+        return Ok(());
+    }
     let mut parts = req.uri().clone().into_parts();
     parts.path_and_query = Some(head.path_and_query.parse().map_err(|_| "invalid path")?);
     *req.uri_mut() = http::Uri::from_parts(parts).map_err(|_| "invalid URI")?;

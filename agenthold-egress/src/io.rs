@@ -275,10 +275,15 @@ where
     }
 }
 
-/// Bytes a splice pipe holds per direction. A larger pipe moves more per system call (measured on this
-/// kind of machine: about a third less CPU per gigabyte than 64 KiB copies); its pages are only used while
-/// data is in flight.
+/// Bytes a splice pipe grows to per direction once the connection fills its first, default-sized pipe. A
+/// larger pipe moves more per system call (measured on this kind of machine: about a third less CPU per
+/// gigabyte than 64 KiB copies); its pages are only used while data is in flight.
 const PIPE_SIZE: i32 = 1024 * 1024;
+
+/// What a new pipe holds (the kernel's default, 16 pages). Most connections (an API call, a handshake and a
+/// short answer) never fill it, so they never pay for resizing it nor for the larger ring's kernel memory;
+/// a bulk transfer fills it on its first read and grows it to [`PIPE_SIZE`].
+const PIPE_START: usize = 64 * 1024;
 
 /// [`splice`] for two TCP sockets, zero-copy: the kernel moves the bytes socket → pipe → socket
 /// (`splice(2)`), one pipe per direction, never through this process's memory. Same ending rules, counts
@@ -321,7 +326,8 @@ async fn kernel_pump(
 
     let (pipe_r, pipe_w) = pipe()?;
     let flags = SpliceFFlags::SPLICE_F_MOVE | SpliceFFlags::SPLICE_F_NONBLOCK;
-    let chunk = usize::try_from(PIPE_SIZE).unwrap_or(65536);
+    let chunk = usize::try_from(PIPE_SIZE).unwrap_or(PIPE_START);
+    let mut grown = false;
     loop {
         // The pipe is empty here, so WouldBlock can only mean the socket has nothing yet.
         let n = from
@@ -343,20 +349,29 @@ async fn kernel_pump(
         }
         count.fetch_add(n as u64, Ordering::Relaxed);
         activity.touch();
+        if !grown && n >= PIPE_START {
+            // A full pipe: this is a bulk transfer. The pipe is empty again here, so it can be resized.
+            grown = true;
+            grow(&pipe_w);
+        }
     }
 }
 
-/// A non-blocking pipe of [`PIPE_SIZE`] bytes (the kernel's default when it refuses the size).
+/// A non-blocking pipe of the kernel's default size.
 fn pipe() -> io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use nix::fcntl::OFlag;
+
+    Ok(nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?)
+}
+
+/// Grow `pipe` to [`PIPE_SIZE`] bytes. Above fs.pipe-max-size (1 MiB by default) or past a user's pipe
+/// budget the kernel refuses: the default size still works, only slower.
+fn grow(pipe: &std::os::fd::OwnedFd) {
     use std::os::fd::AsFd;
 
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    use nix::fcntl::{FcntlArg, fcntl};
 
-    let (r, w) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
-    // Above fs.pipe-max-size (1 MiB by default) or past a user's pipe budget the kernel refuses: the
-    // default 64 KiB still works, only slower.
-    let _ = fcntl(w.as_fd(), FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
-    Ok((r, w))
+    let _ = fcntl(pipe.as_fd(), FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
 }
 
 #[cfg(test)]
@@ -391,6 +406,26 @@ mod tests {
         let (end, ()) = tokio::join!(run, peers);
         assert!(matches!(end, SpliceEnd::Closed), "{end:?}");
         assert_eq!(counters.get(), (3 * 1024 * 1024 + 17, 4));
+    }
+
+    #[test]
+    fn pipes_start_small_and_grow_to_the_splice_size() {
+        use std::os::fd::AsFd;
+
+        use nix::fcntl::{FcntlArg, fcntl};
+
+        let (_r, w) = pipe().unwrap();
+        let size = || fcntl(w.as_fd(), FcntlArg::F_GETPIPE_SZ).unwrap();
+        assert_eq!(usize::try_from(size()).unwrap(), PIPE_START);
+        grow(&w);
+        // Root may always grow a pipe up to fs.pipe-max-size (1 MiB unless lowered).
+        let max: i32 = std::fs::read_to_string("/proc/sys/fs/pipe-max-size")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(PIPE_SIZE);
+        if nix::unistd::geteuid().is_root() && max >= PIPE_SIZE {
+            assert_eq!(size(), PIPE_SIZE);
+        }
     }
 
     async fn tcp_pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {

@@ -193,6 +193,29 @@ impl LogEntry {
         }
     }
 
+    /// An entry with `like`'s agent and kind and nothing else, not stamped (a stand-in left behind when an
+    /// entry is moved out; never recorded).
+    fn blank(like: &Self) -> Self {
+        Self {
+            seq: 0,
+            time: String::new(),
+            agent: like.agent.clone(),
+            kind: like.kind,
+            host: None,
+            port: None,
+            method: None,
+            path: None,
+            status: None,
+            decision: like.decision,
+            reason: None,
+            secret_injected: false,
+            secret: None,
+            bytes_up: 0,
+            bytes_down: 0,
+            phase: None,
+        }
+    }
+
     /// Set host and port.
     #[must_use]
     pub fn to(mut self, host: impl Into<String>, port: u16) -> Self {
@@ -272,11 +295,50 @@ fn cut_text(text: &mut String, max: usize) {
 
 /// The current time in RFC 3339, UTC, millisecond precision.
 fn now_rfc3339() -> String {
-    let now = time::OffsetDateTime::now_utc();
+    rfc3339_at(std::time::SystemTime::now())
+}
+
+/// `at` in RFC 3339, UTC, millisecond precision (`2026-12-02T01:02:03.456Z`). Every request is stamped, so
+/// the date and time of day are formatted once per second per thread and reused; only the milliseconds are
+/// written per call.
+fn rfc3339_at(at: std::time::SystemTime) -> String {
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// The second last formatted on this thread, and its text up to the seconds.
+        static SECOND: RefCell<(i64, String)> = const { RefCell::new((i64::MIN, String::new())) };
+    }
+    let (secs, millis) = match at.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => (i64::try_from(d.as_secs()).unwrap_or(i64::MAX), d.subsec_millis()),
+        // Before 1970: not worth a fast path.
+        Err(_) => return format_slow(at),
+    };
+    SECOND.with(|cell| {
+        let mut cached = cell.borrow_mut();
+        if cached.0 != secs {
+            let Ok(second) = time::OffsetDateTime::from_unix_timestamp(secs) else {
+                return format_slow(at);
+            };
+            let format = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]");
+            *cached = (secs, second.format(&format).unwrap_or_default());
+        }
+        let mut out = String::with_capacity(cached.1.len() + 5);
+        out.push_str(&cached.1);
+        out.push('.');
+        for digit in [millis / 100, millis / 10 % 10, millis % 10] {
+            out.push(char::from_digit(digit, 10).unwrap_or('0'));
+        }
+        out.push('Z');
+        out
+    })
+}
+
+/// [`rfc3339_at`] through the `time` crate's formatter alone.
+fn format_slow(at: std::time::SystemTime) -> String {
     let format = time::macros::format_description!(
         "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
     );
-    now.format(&format).unwrap_or_default()
+    time::OffsetDateTime::from(at).format(&format).unwrap_or_default()
 }
 
 /// One agent's ring.
@@ -368,7 +430,13 @@ impl RequestLog {
         agents.seq += 1;
         entry.seq = agents.seq;
         let entry = Arc::new(entry);
-        let ring = agents.rings.entry(entry.agent.clone()).or_default();
+        // The agent's ring exists after its first entry: look it up without copying the id.
+        if !agents.rings.contains_key(&entry.agent) {
+            agents.rings.insert(entry.agent.clone(), Ring::default());
+        }
+        let Some(ring) = agents.rings.get_mut(&entry.agent) else {
+            return;
+        };
         while !ring.entries.is_empty()
             && (ring.entries.len() >= self.keep || ring.bytes + cost > self.max_bytes)
         {

@@ -208,6 +208,11 @@ pub(crate) fn counted(body: Incoming, counters: &Arc<Counters>) -> ProxyBody {
 /// Remove hop-by-hop headers (RFC 9110 §7.6.1), and the headers `Connection` names; keep `Connection:
 /// upgrade` and `Upgrade` for protocol switches.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // The common case, a head without any of them: one pass over the names instead of a removal per
+    // hop-by-hop name.
+    if !keep_upgrade && !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -236,6 +241,19 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         headers.remove(header::CONNECTION);
         headers.remove(header::UPGRADE);
     }
+}
+
+/// Whether `name` is one of the headers [`strip_hop_by_hop`] removes whatever `Connection` says (itself
+/// included, since it may name others).
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::PROXY_AUTHENTICATE
+        || name == header::PROXY_AUTHORIZATION
+        || matches!(name.as_str(), "keep-alive" | "proxy-connection")
 }
 
 /// A request body that counts the bytes it carries upstream.
@@ -341,5 +359,71 @@ impl Body for LoggedBody {
     }
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        map
+    }
+
+    fn names(map: &HeaderMap) -> Vec<&str> {
+        let mut names: Vec<&str> = map.keys().map(HeaderName::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+
+    #[test]
+    fn a_head_without_hop_by_hop_headers_is_left_as_it_is() {
+        let mut map = headers(&[("host", "a.test"), ("accept", "*/*"), ("x-a", "1"), ("x-a", "2")]);
+        let before = map.clone();
+        strip_hop_by_hop(&mut map, false);
+        assert_eq!(map, before);
+    }
+
+    #[test]
+    fn every_hop_by_hop_header_and_those_connection_names_are_removed() {
+        for hop in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+        ] {
+            // Each alone is enough to be removed (the fast path must not skip any of them).
+            let mut map = headers(&[("host", "a.test"), (hop, "x")]);
+            strip_hop_by_hop(&mut map, false);
+            assert_eq!(names(&map), ["host"], "{hop}");
+        }
+        let mut map = headers(&[
+            ("host", "a.test"),
+            ("connection", "close, x-secret-hop"),
+            ("x-secret-hop", "1"),
+            ("x-kept", "2"),
+        ]);
+        strip_hop_by_hop(&mut map, false);
+        assert_eq!(names(&map), ["host", "x-kept"]);
+    }
+
+    #[test]
+    fn an_upgrade_keeps_connection_upgrade_and_the_upgrade_header() {
+        let mut map = headers(&[("host", "a.test"), ("upgrade", "websocket"), ("keep-alive", "5")]);
+        strip_hop_by_hop(&mut map, true);
+        assert_eq!(names(&map), ["connection", "host", "upgrade"]);
+        assert_eq!(map[header::CONNECTION], "upgrade");
     }
 }

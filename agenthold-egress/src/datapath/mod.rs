@@ -13,9 +13,11 @@
 //! TCP redirected to its own `.2`, the redirect ports accepting only `ct status dnat`, sources checked
 //! against its subnet and the arrival interface), then its listeners bound at exactly its `.2` (never
 //! `0.0.0.0`: the listener an agent reaches is its identity), then [`Gateway::attach`]. Detaching reverses
-//! it: the gateway stops serving the agent (its open connections close), then the ruleset is installed
-//! again without it. The whole table is replaced in one nft transaction every time, serialised, so the
-//! rules in force always match the agents attached at the moment they were written.
+//! it: the gateway stops serving the agent (its open connections close), then its elements leave the
+//! ruleset's sets. [`Datapath::new`] replaces the whole table in one nft transaction; each attach or
+//! detach after it changes only the agent's set elements, in one transaction (the rules themselves are
+//! the same for any number of agents, see [`nft`]). Writes are serialised and each one brings the sets to
+//! the agents attached at that moment, so the rules in force always match them.
 //!
 //! # A namespace you made yourself
 //! Any process in a network namespace can be served, Docker or not: make the namespace, join it to the
@@ -81,8 +83,10 @@ struct Inner {
     gateway: Arc<Gateway>,
     agents: Mutex<Agents>,
     /// Serialises rule writes: each one reads the agent set once it holds this, so the last write always
-    /// reflects the last change.
-    writing: tokio::sync::Mutex<()>,
+    /// reflects the last change. Holds the agent links the namespace's sets have now (by interface), or
+    /// `None` when that is not known (before the first write, after a failed one): then the whole table
+    /// is written again.
+    writing: tokio::sync::Mutex<Option<BTreeMap<String, AgentAttachment>>>,
 }
 
 impl Inner {
@@ -90,14 +94,50 @@ impl Inner {
         self.agents.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Writes the ruleset for the agents attached now.
+    /// Writes the rules for the agents attached now: only the set elements that differ from what the
+    /// namespace has (one nft transaction of a few elements), or the whole table when what it has is not
+    /// known or the element change fails.
     async fn apply(&self) -> Result<()> {
-        let _writing = self.writing.lock().await;
+        let mut written = self.writing.lock().await;
+        let wanted: BTreeMap<String, AgentAttachment> = self
+            .lock()
+            .links
+            .values()
+            .map(|(l, _)| (l.iface.clone(), l.clone()))
+            .collect();
+        if let Some(have) = written.take() {
+            let remove: Vec<AgentAttachment> = have
+                .iter()
+                .filter(|(iface, link)| wanted.get(*iface) != Some(*link))
+                .map(|(_, link)| link.clone())
+                .collect();
+            let add: Vec<AgentAttachment> = wanted
+                .iter()
+                .filter(|(iface, link)| have.get(*iface) != Some(*link))
+                .map(|(_, link)| link.clone())
+                .collect();
+            match nft::apply_element_changes(&self.ns, &remove, &add).await {
+                Ok(()) => {
+                    *written = Some(wanted);
+                    return Ok(());
+                }
+                // Config errors are the caller's; anything else: the table is not what we think.
+                Err(e @ Error::Config { .. }) => {
+                    *written = Some(have);
+                    return Err(e);
+                }
+                Err(e) => {
+                    tracing::warn!(namespace = %self.ns, error = %e, "element change failed; writing the whole table");
+                }
+            }
+        }
         let rules = GatewayRules {
             ports: self.ports,
-            agents: self.lock().links.values().map(|(l, _)| l.clone()).collect(),
+            agents: wanted.values().cloned().collect(),
         };
-        rules.apply(&self.ns).await
+        rules.apply(&self.ns).await?;
+        *written = Some(wanted);
+        Ok(())
     }
 }
 
@@ -138,7 +178,7 @@ impl Datapath {
                 ports,
                 gateway,
                 agents: Mutex::new(Agents::default()),
-                writing: tokio::sync::Mutex::new(()),
+                writing: tokio::sync::Mutex::new(None),
             }),
         };
         datapath.inner.apply().await?;

@@ -102,6 +102,8 @@ impl Drop for PendingEntry {
             self.entry.phase = Some(Phase::Closed);
         }
         (self.entry.bytes_up, self.entry.bytes_down) = self.counters.get();
-        self.log.record(self.entry.clone());
+        // The guard is going away: hand the entry over instead of copying its strings.
+        let empty = LogEntry::blank(&self.entry);
+        self.log.record(std::mem::replace(&mut self.entry, empty));
     }
 }

@@ -156,3 +156,59 @@ async fn the_live_stream_carries_the_seq() {
     assert_eq!(live.seq, 2);
     assert_eq!(log.since(&a, 1), [LogEntry::clone(&live)]);
 }
+
+#[test]
+fn timestamps_match_the_full_formatter_across_seconds() {
+    use std::time::{Duration, UNIX_EPOCH};
+    // The per-second cache must never hand out the text of another second, nor lose the milliseconds.
+    for ms in [
+        0u64,
+        1,
+        999,
+        1000,
+        1_764_633_600_000,
+        1_764_633_600_001,
+        1_764_633_599_999,
+        1_764_633_600_999,
+        1_764_633_601_000,
+        4_102_444_800_123,
+    ] {
+        let at = UNIX_EPOCH + Duration::from_millis(ms);
+        assert_eq!(rfc3339_at(at), format_slow(at), "{ms}");
+    }
+    assert_eq!(
+        rfc3339_at(UNIX_EPOCH + Duration::from_millis(1_764_633_600_042)),
+        "2025-12-02T00:00:00.042Z"
+    );
+    assert!(now_rfc3339().ends_with('Z'));
+}
+
+#[test]
+fn a_pending_entry_is_recorded_whole_when_dropped() {
+    let log = std::sync::Arc::new(RequestLog::new(10));
+    let a = AgentId::new("a").unwrap();
+    let mut entry = LogEntry::new(&a, LogKind::Http, Verdict::Allowed).to("x.test", 80);
+    entry.method = Some("GET".into());
+    entry.path = Some("/p".into());
+    entry.status = Some(204);
+    let time = entry.time.clone();
+    let pending = PendingEntry::new(&log, entry);
+    pending
+        .counters
+        .up
+        .fetch_add(3, std::sync::atomic::Ordering::Relaxed);
+    drop(pending);
+    let kept = log.snapshot(&a);
+    assert_eq!(kept.len(), 1);
+    let e = &kept[0];
+    assert_eq!(
+        (
+            e.host.as_deref(),
+            e.method.as_deref(),
+            e.path.as_deref(),
+            e.status
+        ),
+        (Some("x.test"), Some("GET"), Some("/p"), Some(204))
+    );
+    assert_eq!((e.bytes_up, e.bytes_down, e.time.as_str()), (3, 0, time.as_str()));
+}

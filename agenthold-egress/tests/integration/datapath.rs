@@ -213,13 +213,18 @@ async fn rules_replace_atomically_apply_twice_and_apply_empty() {
         let json = nft_json(net.gateway(), &["ruleset"]);
         let objects = json["nftables"].as_array().unwrap().clone();
         let count = |kind: &str| objects.iter().filter(|o| o.get(kind).is_some()).count();
-        (count("table"), count("chain"), count("rule"))
+        let elements: usize = objects
+            .iter()
+            .filter_map(|o| o.get("set").or_else(|| o.get("map")))
+            .filter_map(|s| s["elem"].as_array().map(Vec::len))
+            .sum();
+        (count("table"), count("chain"), count("rule"), elements)
     };
 
     let rules = rules(&net);
     rules.apply(net.gateway()).await.unwrap();
     rules.apply(net.gateway()).await.unwrap();
-    assert_eq!(list(), (1, 4, 3 + 8 + 2), "one table, nothing doubled");
+    assert_eq!(list(), (1, 4, 3 + 7 + 2, 3), "one table, nothing doubled");
     assert_eq!(
         probe(net.agent(0), "tcp", at(gw, 15002), &[]).await.reply_json()["listener"],
         "explicit"
@@ -234,8 +239,8 @@ async fn rules_replace_atomically_apply_twice_and_apply_empty() {
     .unwrap();
     assert_eq!(
         list(),
-        (1, 4, 3 + 2),
-        "no agent, no agent rules; the drop policies stay"
+        (1, 4, 3 + 7 + 2, 0),
+        "no agent, the same rules (no elements); the drop policies stay"
     );
     probe(net.agent(0), "tcp", at(gw, 15002), &[])
         .await
@@ -263,7 +268,7 @@ async fn rules_replace_atomically_apply_twice_and_apply_empty() {
         !child.wait_with_output().unwrap().status.success(),
         "nft must refuse the batch"
     );
-    assert_eq!(list(), (1, 4, 3 + 8 + 2), "the previous ruleset is intact");
+    assert_eq!(list(), (1, 4, 3 + 7 + 2, 3), "the previous ruleset is intact");
     assert_eq!(
         probe(net.agent(0), "tcp", at(gw, 15002), &[]).await.reply_json()["listener"],
         "explicit"

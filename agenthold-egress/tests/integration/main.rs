@@ -9,6 +9,7 @@
 
 mod attach;
 mod datapath;
+mod density;
 mod gateway;
 mod isolation;
 mod netns;

@@ -4,7 +4,7 @@
 
 use std::net::Ipv4Addr;
 
-use agenthold_egress::nft::{AgentAttachment, GatewayRules, Ports};
+use agenthold_egress::nft::{AgentAttachment, GatewayRules, Ports, element_changes};
 use ipnet::Ipv4Net;
 use serde_json::{Value, json};
 
@@ -33,17 +33,8 @@ fn rules_in(objects: &[Value], chain: &str) -> Vec<Value> {
 
 // The expected expressions below are what `nft -j list ruleset` prints for the same rules written in
 // nft's own syntax (checked with nftables 1.0.6), so the JSON we send is the JSON nft means.
-fn iif(name: &str) -> Value {
-    json!({"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": name}})
-}
-fn daddr(op: &str, addr: &str) -> Value {
-    json!({"match": {"op": op, "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": addr}})
-}
 fn dport(proto: &str, right: &Value) -> Value {
     json!({"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": "dport"}}, "right": right}})
-}
-fn dnat_to(addr: &str, port: u16) -> Value {
-    json!({"dnat": {"addr": addr, "family": "ip", "port": port}})
 }
 fn ct_dnat() -> Value {
     json!({"match": {"op": "in", "left": {"ct": {"key": "status"}}, "right": "dnat"}})
@@ -81,6 +72,17 @@ fn batch_replaces_the_table_atomically() {
     }
 }
 
+fn iface_and(field: &str) -> Value {
+    json!({"concat": [{"meta": {"key": "iifname"}}, {"payload": {"protocol": "ip", "field": field}}]})
+}
+fn in_set(op: &str, field: &str, set: &str) -> Value {
+    json!({"match": {"op": op, "left": iface_and(field), "right": format!("@{set}")}})
+}
+fn dnat_by_iface(port: u16) -> Value {
+    json!({"dnat": {"addr": {"map": {"key": {"meta": {"key": "iifname"}}, "data": "@agent_gateway"}},
+        "family": "ip", "port": port}})
+}
+
 #[test] // covers: E3
 fn prerouting_sends_dns_to_the_resolver_and_other_tcp_to_the_proxy() {
     let rules = GatewayRules {
@@ -89,22 +91,15 @@ fn prerouting_sends_dns_to_the_resolver_and_other_tcp_to_the_proxy() {
     };
     let pre = rules_in(&json_of(&rules), "prerouting");
     assert_eq!(pre.len(), 3);
-    assert_eq!(
-        pre[0],
-        json!([iif("ah7"), dport("udp", &json!(53)), dnat_to("10.213.7.2", 15053)])
-    );
-    assert_eq!(
-        pre[1],
-        json!([iif("ah7"), dport("tcp", &json!(53)), dnat_to("10.213.7.2", 15053)])
-    );
+    assert_eq!(pre[0], json!([dport("udp", &json!(53)), dnat_by_iface(15053)]));
+    assert_eq!(pre[1], json!([dport("tcp", &json!(53)), dnat_by_iface(15053)]));
     let l4 = json!({"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}});
     assert_eq!(
         pre[2],
         json!([
-            iif("ah7"),
-            daddr("!=", "10.213.7.2"),
+            in_set("!=", "daddr", "agent_own_gateway"),
             l4,
-            dnat_to("10.213.7.2", 15001)
+            dnat_by_iface(15001)
         ])
     );
 }
@@ -133,29 +128,29 @@ fn input_accepts_only_redirected_traffic_and_the_direct_ports() {
     assert_eq!(input[2][0]["match"]["left"]["fib"]["result"], "type");
     assert_eq!(input[2][0]["match"]["right"], "local");
     assert_eq!(input[2][1], verdict(DROP));
-    let saddr = json!({"match": {"op": "!=", "left": {"payload": {"protocol": "ip", "field": "saddr"}},
-        "right": {"prefix": {"addr": "10.213.7.0", "len": 24}}}});
-    assert_eq!(input[3], json!([iif("ah7"), saddr, verdict(DROP)]));
-    let redirected = |proto: &str, port: u16| {
+    assert_eq!(
+        input[3],
+        json!([in_set("!=", "saddr", "agent_source"), verdict(DROP)])
+    );
+    let own = in_set("==", "daddr", "agent_own_gateway");
+    assert_eq!(
+        input[4],
         json!([
-            iif("ah7"),
-            daddr("==", "10.213.7.2"),
-            dport(proto, &json!(port)),
+            own,
+            dport("tcp", &json!({"set": [15001, 15053]})),
             ct_dnat(),
             verdict(ACCEPT)
         ])
-    };
-    assert_eq!(input[4], redirected("tcp", 15001));
-    assert_eq!(input[5], redirected("udp", 15053));
-    assert_eq!(input[6], redirected("tcp", 15053));
-    let direct = dport("tcp", &json!({"set": [15002, 15003]}));
-    assert_eq!(
-        input[7],
-        json!([iif("ah7"), daddr("==", "10.213.7.2"), direct, verdict(ACCEPT)])
     );
     assert_eq!(
+        input[5],
+        json!([own, dport("udp", &json!(15053)), ct_dnat(), verdict(ACCEPT)])
+    );
+    let direct = dport("tcp", &json!({"set": [15002, 15003]}));
+    assert_eq!(input[6], json!([own, direct, verdict(ACCEPT)]));
+    assert_eq!(
         input.len(),
-        8,
+        7,
         "nothing else is accepted: the policy drops the rest"
     );
 }
@@ -172,15 +167,20 @@ fn without_a_tunnel_only_the_explicit_port_is_direct() {
     };
     let input = rules_in(&json_of(&rules), "input");
     let last = input.last().unwrap();
-    assert_eq!(last[2], dport("tcp", &json!(15002)));
+    assert_eq!(last[1], dport("tcp", &json!(15002)));
 }
 
 #[test] // covers: E3
-fn output_only_answers_and_no_agents_means_no_agent_rules() {
+fn output_only_answers_and_no_agents_means_no_elements() {
     let objects = json_of(&GatewayRules::default());
-    assert!(rules_in(&objects, "prerouting").is_empty());
+    assert_eq!(rules_in(&objects, "prerouting").len(), 3);
     assert!(rules_in(&objects, "forward").is_empty());
-    assert_eq!(rules_in(&objects, "input").len(), 3);
+    assert_eq!(rules_in(&objects, "input").len(), 7);
+    assert!(
+        objects
+            .iter()
+            .all(|o| o.get("add").and_then(|a| a.get("element")).is_none())
+    );
     let output = rules_in(&objects, "output");
     let oif = json!({"match": {"op": "==", "left": {"meta": {"key": "oif"}}, "right": "lo"}});
     assert_eq!(output[0], json!([oif, verdict(ACCEPT)]));
@@ -190,29 +190,111 @@ fn output_only_answers_and_no_agents_means_no_agent_rules() {
     assert_eq!(output.len(), 2);
 }
 
-#[test]
-fn every_agent_gets_its_own_rules_keyed_by_interface() {
-    let rules = GatewayRules {
-        ports: Ports::default(),
-        agents: vec![agent(1), agent(2)],
-    };
-    let objects = json_of(&rules);
-    assert_eq!(rules_in(&objects, "prerouting").len(), 6);
-    assert_eq!(rules_in(&objects, "input").len(), 3 + 2 * 5);
-    for rule in rules_in(&objects, "input").iter().skip(3) {
-        let iface = &rule[0]["match"]["right"];
-        let gw = rule.as_array().unwrap().iter().find_map(|s| {
-            (s["match"]["left"]["payload"]["field"] == "daddr").then(|| s["match"]["right"].clone())
-        });
-        if let Some(gw) = gw {
-            let expected = if iface == "ah1" {
-                "10.213.1.2"
-            } else {
-                "10.213.2.2"
-            };
-            assert_eq!(gw, expected, "a rule for {iface} names another agent's address");
+/// `value` with every `flags` array sorted (fib flags come from a hash set: their order varies).
+fn sorted_flags(mut value: Vec<Value>) -> Vec<Value> {
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                for (key, inner) in map.iter_mut() {
+                    if key == "flags"
+                        && let Value::Array(flags) = inner
+                    {
+                        flags.sort_by_key(ToString::to_string);
+                    }
+                    walk(inner);
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
         }
     }
+    value.iter_mut().for_each(walk);
+    value
+}
+
+/// The `elem` lists added to each set, by set name.
+fn elements_of(objects: &[Value], cmd: &str) -> std::collections::BTreeMap<String, Vec<Value>> {
+    let mut sets = std::collections::BTreeMap::<String, Vec<Value>>::new();
+    for e in objects.iter().filter_map(|o| o.get(cmd)?.get("element")) {
+        let name = e["name"].as_str().unwrap().to_owned();
+        sets.entry(name)
+            .or_default()
+            .extend(e["elem"].as_array().unwrap().iter().cloned());
+    }
+    sets
+}
+
+#[test] // covers: E3
+fn every_agent_is_an_element_keyed_by_interface_and_the_rules_stay_the_same() {
+    let one = json_of(&GatewayRules {
+        ports: Ports::default(),
+        agents: vec![agent(1)],
+    });
+    let many = json_of(&GatewayRules {
+        ports: Ports::default(),
+        agents: (1..=200).map(agent).collect(),
+    });
+    for chain in ["prerouting", "input", "output", "forward"] {
+        assert_eq!(
+            sorted_flags(rules_in(&one, chain)),
+            sorted_flags(rules_in(&many, chain)),
+            "{chain}"
+        );
+    }
+    let sets = elements_of(&many, "add");
+    assert_eq!(sets.len(), 3);
+    for elements in sets.values() {
+        assert_eq!(elements.len(), 200);
+    }
+    assert!(sets["agent_gateway"].contains(&json!(["ah7", "10.213.7.2"])));
+    assert!(sets["agent_own_gateway"].contains(&json!({"concat": ["ah7", "10.213.7.2"]})));
+    assert!(
+        sets["agent_source"]
+            .contains(&json!({"concat": ["ah7", {"prefix": {"addr": "10.213.7.0", "len": 24}}]}))
+    );
+    let sets = json!(
+        many.iter()
+            .filter_map(|o| o.get("add")?.get("set").or_else(|| o.get("add")?.get("map")))
+            .map(|s| (
+                s["name"].clone(),
+                s["type"].clone(),
+                s.get("map").cloned(),
+                s.get("flags").cloned()
+            ))
+            .map(|(n, t, m, f)| json!([n, t, m, f]))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        sets,
+        json!([
+            ["agent_gateway", "ifname", "ipv4_addr", null],
+            ["agent_own_gateway", ["ifname", "ipv4_addr"], null, null],
+            ["agent_source", ["ifname", "ipv4_addr"], null, ["interval"]],
+        ])
+    );
+}
+
+#[test] // covers: E3
+fn element_changes_remove_first_then_add() {
+    let batch = serde_json::to_value(element_changes(&[agent(1)], &[agent(2)])).unwrap();
+    let objects = batch["nftables"].as_array().unwrap();
+    assert_eq!(objects.len(), 6);
+    assert!(objects[..3].iter().all(|o| o.get("delete").is_some()));
+    assert!(objects[3..].iter().all(|o| o.get("add").is_some()));
+    assert_eq!(
+        elements_of(objects, "delete")["agent_gateway"],
+        [json!(["ah1", "10.213.1.2"])]
+    );
+    assert_eq!(
+        elements_of(objects, "add")["agent_gateway"],
+        [json!(["ah2", "10.213.2.2"])]
+    );
+    assert!(
+        serde_json::to_value(element_changes(&[], &[])).unwrap()["nftables"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[test]

@@ -139,8 +139,9 @@ async fn unlisted_names_get_nxdomain_and_never_reach_the_upstream_resolver() {
     let tcp = h.py(0, &["dns", &gw, "listed.test", "A", "tcp"]).await;
     assert_eq!(tcp["addrs"], json!(["93.184.216.34"]), "{tcp}");
     let listed = h.dns.queries().iter().filter(|q| q.name == "listed.test").count();
+    // At least once: the resolver's per-agent cache answers the repeats.
     assert!(
-        listed >= 4,
+        listed >= 1,
         "the upstream saw the listed name: {:?}",
         h.dns.queries()
     );
