@@ -150,6 +150,19 @@ pub trait Sandbox: Send + Sync {
         let _ = (agent, exec_id);
         Err(unsupported("exec liveness"))
     }
+    /// Give a running sandbox that was made from another spec of the same image and runtime (a warm-pool
+    /// sandbox, made from the plain spec) the rest of `spec`, before this returns: its environment for every
+    /// command started from now on, exactly as if it had been set at creation (a command's own environment
+    /// still overrides it), and its limits (CPU, memory, processes) on the running sandbox. The spec's labels
+    /// are the caller's records; an implementation need not put them on its objects. Default:
+    /// [`ErrorKind::Unavailable`] (the runtime then creates such specs afresh).
+    ///
+    /// # Errors
+    /// [`ErrorKind::NotFound`] for an unknown sandbox, the engine's error when a limit cannot be applied.
+    async fn reconfigure(&self, agent: &AgentId, spec: &ContainerSpec) -> Result<()> {
+        let _ = (agent, spec);
+        Err(unsupported("reconfiguring a running sandbox"))
+    }
     /// Current state.
     async fn inspect(&self, agent: &AgentId) -> Result<SandboxInfo>;
     /// Take over the sandboxes a previous runtime on the same store left (S12). `agents` are the agents the
@@ -173,6 +186,10 @@ pub trait Sandbox: Send + Sync {
         }
         Ok(report)
     }
+    /// The runtime is shutting down (its cancellation token is cancelled and its pool drained): finish
+    /// what [`Sandbox::reconcile`] started (watchers, shared containers it releases at shutdown) before this
+    /// returns, so nothing of it outlives the process. Bounded by the implementation. Default: nothing.
+    async fn shutdown(&self) {}
 }
 
 /// The error of a default method: this sandbox runtime does not do `what`.

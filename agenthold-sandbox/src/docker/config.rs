@@ -20,8 +20,10 @@ const SANDBOXD: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sandboxd"));
 pub struct DockerConfig {
     /// The gateway's ports inside its namespace.
     pub ports: Ports,
-    /// Each agent network takes one /24 from here.
+    /// Each new agent network takes one `/subnet_prefix` from here.
     pub subnet_pool: Ipv4Net,
+    /// Prefix length of a new agent network (`sandbox.subnet_prefix`).
+    pub subnet_prefix: u8,
     /// OCI runtime when a spec names none.
     pub default_runtime: String,
     /// CPU limit when a spec gives none.
@@ -70,6 +72,7 @@ impl DockerConfig {
         Ok(Self {
             ports: Ports::from_config(&config.egress),
             subnet_pool: config.sandbox.subnet_pool,
+            subnet_prefix: config.sandbox.subnet_prefix,
             default_runtime: config.sandbox.runtime.as_str().to_owned(),
             cpus: config.sandbox.cpus,
             memory_bytes: config.sandbox.memory_bytes,

@@ -19,6 +19,7 @@ use sandboxd::contract;
 use super::DockerConfig;
 use crate::docker::archive::{self, Entry};
 use crate::docker::engine::Engine;
+use crate::docker::handout::Limits;
 use crate::docker::network::AgentNetwork;
 use crate::error::{Error, Result};
 
@@ -87,16 +88,11 @@ pub(crate) async fn create(
         .runtime()
         .map_or_else(|| config.default_runtime.clone(), str::to_owned);
     engine.check_runtime(&runtime)?;
-    // The spec's limits were checked by `SandboxSpec::split`, the defaults by `Config`.
-    let cpus = spec.cpus().unwrap_or(config.cpus);
-    // Rounding to whole nano-CPUs is the engine's own resolution.
-    #[allow(clippy::cast_possible_truncation)]
-    let nano_cpus = (cpus * 1e9) as i64;
-    let memory =
-        i64::try_from(spec.memory_bytes().unwrap_or(config.memory_bytes)).map_err(|_| Error::BadInput {
-            problem: "memory limit too large".into(),
-        })?;
-    let pids = i64::from(spec.pids().unwrap_or(config.pids));
+    let Limits {
+        nano_cpus,
+        memory,
+        pids,
+    } = Limits::of(spec, config)?;
     let resolv = write_resolv_conf(agent, net, config)?;
     // The spec's labels first, agenthold's last: should a reserved key get past the check, ours win (S15).
     let mut labels: std::collections::HashMap<String, String> = spec

@@ -199,6 +199,18 @@ pub(crate) fn is_pool_overlap(e: &bollard::errors::Error) -> bool {
     )
 }
 
+/// Whether a container removal failed only because the storage driver could not delete the root filesystem
+/// yet ("driver \"overlay2\" failed to remove root filesystem: … directory not empty"): a process of the
+/// container was still finishing a write while the driver walked the directory. The container is dead by
+/// then; removing it again succeeds.
+pub(crate) fn is_busy_rootfs(e: &bollard::errors::Error) -> bool {
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError { message, .. }
+            if message.contains("failed to remove root filesystem")
+    )
+}
+
 /// Whether the engine answered 304: the container already is in the state asked for (started, stopped).
 pub(crate) fn is_not_modified(e: &bollard::errors::Error) -> bool {
     matches!(
@@ -260,6 +272,18 @@ mod tests {
         assert_eq!(core.kind(), ErrorKind::Conflict);
         let core = agenthold_core::Error::from(Error::engine("read /x", answer(404, "no such file")));
         assert_eq!(core.kind(), ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn only_a_busy_root_filesystem_is_removed_again() {
+        // What Docker 20.10 answered in a server test while a run was still finishing in the container.
+        assert!(is_busy_rootfs(&answer(
+            500,
+            "container 4a0f: driver \"overlay2\" failed to remove root filesystem: unlinkat \
+             /var/lib/docker/overlay2/1113/merged: directory not empty"
+        )));
+        assert!(!is_busy_rootfs(&answer(500, "boom")));
+        assert!(!is_busy_rootfs(&answer(404, "No such container: x")));
     }
 
     #[test]

@@ -92,9 +92,17 @@ pub(crate) async fn start_raw(
     Ok(ExecStream::new(id, chunks.chain(exit)))
 }
 
-/// The exit code of a command whose output closed.
+/// How long [`exit_code`] waits for the engine to reap a command whose output closed.
+const REAP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The exit code of a command whose output closed (-1 when the engine still reports it running after
+/// [`REAP_WAIT`]).
 pub(crate) async fn exit_code(engine: Engine, exec_id: String) -> Result<i64> {
-    for _ in 0..100 {
+    let deadline = tokio::time::Instant::now() + REAP_WAIT;
+    // Output closed but the process may still be being reaped: waits of 1, 2, 4, 8, 16, then 20 ms, so the
+    // usual case (reaped within a millisecond or two) does not pay a whole 20 ms on every command.
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
         let inspect = engine
             .docker
             .inspect_exec(&exec_id)
@@ -103,10 +111,12 @@ pub(crate) async fn exit_code(engine: Engine, exec_id: String) -> Result<i64> {
         if inspect.running != Some(true) {
             return Ok(inspect.exit_code.unwrap_or(-1));
         }
-        // Output closed but the process is still being reaped: a short wait.
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        if tokio::time::Instant::now() + pause > deadline {
+            return Ok(-1);
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(20));
     }
-    Ok(-1)
 }
 
 /// Kill the command known as `exec_id` and its process group (`sandboxd kill`); one that ended is fine.

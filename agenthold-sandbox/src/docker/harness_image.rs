@@ -165,7 +165,8 @@ pub async fn verify_integrity(path: &Path, integrity: &str) -> Result<()> {
 /// # Errors
 /// [`Error::Unavailable`] when `tar` fails or the member is missing; [`Error::Io`] for local files.
 pub async fn extract_binary(tgz: &Path, member: &str, dest: &Path) -> Result<()> {
-    // Streamed straight into the file: the binaries are hundreds of megabytes.
+    // Streamed straight into the file: the binaries are hundreds of megabytes. Not `Command::output`, which
+    // replaces the stdout set here with a pipe (the binary would land in memory and the file stay empty).
     let file = std::fs::File::create(dest).map_err(|e| Error::io(format!("create {}", dest.display()), e))?;
     let output = tokio::process::Command::new("tar")
         .arg("-xzOf")
@@ -174,8 +175,11 @@ pub async fn extract_binary(tgz: &Path, member: &str, dest: &Path) -> Result<()>
         .arg(member)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::from(file))
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
-        .output()
+        .spawn()
+        .map_err(|e| Error::io("run tar", e))?
+        .wait_with_output()
         .await
         .map_err(|e| Error::io("run tar", e))?;
     let size = tokio::fs::metadata(dest).await.map_or(0, |m| m.len());
@@ -424,5 +428,40 @@ mod tests {
         );
         assert!(file.contains("chown 1000:1000 /workspace"), "{file}");
         assert!(file.contains("LABEL agenthold.inputs=abc"), "{file}");
+    }
+
+    /// A tarball made with the real `tar` and `gzip`: the member lands in the file (not in memory, which
+    /// `Command::output` would do), executable; a missing member is an error and leaves no file.
+    #[tokio::test]
+    async fn a_member_is_extracted_into_the_file_and_a_missing_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let package = dir.path().join("package");
+        std::fs::create_dir(&package).unwrap();
+        let body: Vec<u8> = (0..300_000u32).flat_map(u32::to_le_bytes).collect();
+        std::fs::write(package.join("tool"), &body).unwrap();
+        let tgz = dir.path().join("pkg.tgz");
+        let made = std::process::Command::new("tar")
+            .arg("-czf")
+            .arg(&tgz)
+            .arg("-C")
+            .arg(dir.path())
+            .arg("package")
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let dest = dir.path().join("tool");
+        extract_binary(&tgz, "package/tool", &dest).await.unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), body);
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(
+            std::fs::metadata(&dest).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        let missing = dir.path().join("missing");
+        let err = extract_binary(&tgz, "package/missing", &missing)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("package/missing"), "{err}");
+        assert!(!missing.exists());
     }
 }

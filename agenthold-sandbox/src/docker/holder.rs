@@ -1,6 +1,6 @@
 //! The gateway holder (E1, E3, S4): when agenthold is embedded in a host process, a tiny container running
 //! `sandboxd hold` provides the gateway's network namespace. The process joins it to every agent network
-//! at `.254`, adds `.2` (each network's gateway address) inside it, installs the nftables ruleset and binds
+//! at its join address (the last before broadcast: `.254` of a `/24`), adds `.2` (each network's gateway address) inside it, installs the nftables ruleset and binds
 //! the gateway's listeners in it; upstream connections are still made from the process's own namespace.
 //!
 //! It is created with `ip_forward=0`, `rp_filter=1` and IPv6 disabled as creation-time sysctls, no
@@ -19,7 +19,7 @@ use bollard::query_parameters::{
 };
 
 use crate::docker::engine::{Engine, is_not_connected, is_not_found};
-use crate::docker::network::{AgentNetwork, GATEWAY_JOIN_HOST};
+use crate::docker::network::AgentNetwork;
 use crate::error::{Error, Result};
 
 /// The running holder container.
@@ -94,23 +94,27 @@ impl Holder {
         NetNs::of_pid(self.pid)
     }
 
-    /// Join `net`: connect the holder at `.254` (idempotent), add `.2` inside, and return the interface name.
+    /// Join `net`: connect the holder at [`AgentNetwork::join_addr`] (idempotent), add `.2` inside, and return the interface name.
     ///
     /// # Errors
     /// When the engine or `ip` fails.
     pub async fn join(&self, engine: &Engine, net: &AgentNetwork) -> Result<String> {
-        let join_addr = net.host(GATEWAY_JOIN_HOST);
+        let join_addr = net.join_addr();
         let ns = self.netns();
-        if ns.iface_with_addr(join_addr)?.is_none() {
-            // A container on the `none` network cannot join another one until it leaves `none`.
-            let disconnect = NetworkDisconnectRequest {
-                container: self.container.clone(),
-                force: Some(true),
-            };
-            match engine.docker.disconnect_network("none", disconnect).await {
-                Ok(()) => {}
-                Err(e) if is_not_found(&e) || is_not_connected(&e) => {}
-                Err(e) => tracing::debug!(error = %e, "leaving the none network"),
+        let listing = ns.ip(&["-o", "-4", "addr", "show"])?;
+        if iface_of(&listing, join_addr).is_none() {
+            // A container on the `none` network cannot join another one until it leaves `none`; one with an
+            // address on any interface but `lo` has left it already (one engine call fewer per join).
+            if !joined_any(&listing) {
+                let disconnect = NetworkDisconnectRequest {
+                    container: self.container.clone(),
+                    force: Some(true),
+                };
+                match engine.docker.disconnect_network("none", disconnect).await {
+                    Ok(()) => {}
+                    Err(e) if is_not_found(&e) || is_not_connected(&e) => {}
+                    Err(e) => tracing::debug!(error = %e, "leaving the none network"),
+                }
             }
             let request = NetworkConnectRequest {
                 container: self.container.clone(),
@@ -137,12 +141,15 @@ impl Holder {
         // Docker gives the holder a default route via the network's gateway, which is the holder itself
         // once `.2` is added below; on the next join Docker cannot find that route to replace it (the
         // lookup resolves to `lo`) and fails with "file exists". The gateway namespace never routes
-        // anything anywhere, so it keeps no default route at all.
-        while ns.ip(&["route", "del", "default"]).is_ok() {}
-        let gateway = net.gateway_addr();
-        if ns.iface_with_addr(gateway)?.is_none() {
-            ns.ip(&["addr", "add", &format!("{gateway}/24"), "dev", &iface])?;
+        // anything anywhere, so it keeps no default route at all: one flush of every default route, or
+        // (when `ip` refuses the flush) deleting them one by one.
+        if ns.ip(&["-4", "route", "flush", "exact", "0.0.0.0/0"]).is_err() {
+            while ns.ip(&["route", "del", "default"]).is_ok() {}
         }
+        // `.2` on the agent's interface; `replace` is idempotent (a re-attach).
+        let gateway = net.gateway_addr();
+        let prefix = net.subnet.prefix_len();
+        ns.ip(&["addr", "replace", &format!("{gateway}/{prefix}"), "dev", &iface])?;
         Ok(iface)
     }
 
@@ -165,6 +172,28 @@ impl Holder {
             )),
         }
     }
+}
+
+/// The interface that holds `addr` in an `ip -o -4 addr show` listing (a veth's `@peer` suffix is not part
+/// of the name).
+fn iface_of(listing: &str, addr: std::net::Ipv4Addr) -> Option<String> {
+    let wanted = addr.to_string();
+    listing.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        let iface = words.nth(1)?;
+        let inet = words.skip_while(|w| *w != "inet").nth(1)?;
+        (inet.split('/').next() == Some(wanted.as_str()))
+            .then(|| iface.split('@').next().unwrap_or(iface).to_owned())
+    })
+}
+
+/// Whether an `ip -o -4 addr show` listing has an address on an interface other than `lo` (the holder
+/// joined a network, so it is no longer on `none`).
+fn joined_any(listing: &str) -> bool {
+    listing
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .any(|iface| iface != "lo")
 }
 
 async fn exists(engine: &Engine, name: &str) -> Result<bool> {
@@ -230,4 +259,28 @@ async fn create(engine: &Engine, name: &str, image: &str) -> Result<()> {
         .await
         .map_err(|e| Error::engine(format!("create the gateway container {name}"), e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LISTING: &str =
+        "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
+23: eth0@if24    inet 10.213.4.254/24 brd 10.213.4.255 scope global eth0\\       valid_lft forever
+23: eth0@if24    inet 10.213.4.2/24 scope global secondary eth0\\       valid_lft forever";
+
+    #[test]
+    fn listings_name_the_interface_of_an_address() {
+        let at = |a: &str| iface_of(LISTING, a.parse().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED));
+        assert_eq!(at("10.213.4.254").as_deref(), Some("eth0"));
+        assert_eq!(at("10.213.4.2").as_deref(), Some("eth0"));
+        assert_eq!(at("127.0.0.1").as_deref(), Some("lo"));
+        assert_eq!(at("10.213.4.25"), None, "no prefix match");
+        assert!(joined_any(LISTING));
+        assert!(!joined_any(
+            "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever"
+        ));
+        assert!(!joined_any(""));
+    }
 }

@@ -5,11 +5,13 @@
 //! exist before a sandbox first starts, and a failed create removes whatever it had made.
 
 mod archive;
+mod cgroup;
 mod config;
 mod container;
 pub mod engine;
 mod exec;
 mod files;
+mod handout;
 pub mod harness_image;
 mod hijack;
 pub mod holder;
@@ -20,7 +22,7 @@ mod reconcile;
 mod terminal;
 mod topology;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -46,7 +48,7 @@ use crate::error::{Error, Result};
 use crate::runtime::SandboxContext;
 use crate::tunnel::{TunnelServer, new_token};
 use container::{container_name, volume_name};
-use topology::{AgentRecord, Topology};
+use topology::{AgentRecord, TopologyLock};
 
 /// How many subnets one create tries when the engine refuses them as overlapping (see `create_inner`).
 const SUBNET_TRIES: usize = 16;
@@ -61,7 +63,7 @@ pub struct DockerSandbox {
     tunnel: Arc<TunnelServer>,
     store: Arc<dyn Store>,
     config: DockerConfig,
-    topology: tokio::sync::Mutex<Topology>,
+    topology: TopologyLock,
     /// Agents agenthold itself started and whose start event the watcher has not seen yet.
     starting: Mutex<HashSet<AgentId>>,
     /// Itself, for the event watcher [`Sandbox::reconcile`] starts.
@@ -70,7 +72,31 @@ pub struct DockerSandbox {
     shutdown: CancellationToken,
     /// Whether the event watcher runs.
     watching: AtomicBool,
+    /// The event watcher, which releases the idle holder when it ends (awaited by [`Sandbox::shutdown`]).
+    watcher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Environments applied at a warm-pool hand-out, given to every exec.
+    exec_env: handout::ExecEnv,
+    /// Engine updates of limits a hand-out wrote straight into the cgroups, still running (a start of the
+    /// agent waits for its own: the engine recreates the cgroups from its record).
+    limits_sync: Mutex<HashMap<AgentId, LimitsSync>>,
 }
+
+/// An engine update in the background of limits already in the cgroups.
+struct LimitsSync {
+    limits: handout::Limits,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+/// How long a shutdown waits for the engine watcher to release the idle holder (one lock wait and one
+/// engine removal).
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long a start waits for a background limits update (an engine request is bounded at 120 s).
+const LIMITS_SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(150);
+
+/// How long after a hand-out the engine's record of the limits is updated: its `runc update` competes with
+/// the first command a caller runs right after the hand-out (measured: +15–20 ms on that exec).
+const LIMITS_RECORD_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl std::fmt::Debug for DockerSandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -99,11 +125,14 @@ impl DockerSandbox {
             tunnel,
             store,
             config,
-            topology: tokio::sync::Mutex::new(Topology::default()),
+            topology: TopologyLock::default(),
             starting: Mutex::new(HashSet::new()),
             this: this.clone(),
             shutdown,
             watching: AtomicBool::new(false),
+            watcher: Mutex::new(None),
+            exec_env: handout::ExecEnv::default(),
+            limits_sync: Mutex::new(HashMap::new()),
         })
     }
 
@@ -141,12 +170,99 @@ impl DockerSandbox {
         self.starting.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn limits_sync(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, LimitsSync>> {
+        self.limits_sync.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The engine's update of `agent`'s limits (`runc update`).
+    async fn update_limits(&self, agent: &AgentId, limits: handout::Limits) -> Result<()> {
+        update_limits(&self.engine, agent, limits).await
+    }
+
+    /// Set `agent`'s limits on its running container: straight into its cgroups when they are certain
+    /// (`cgroup.rs`), the engine's record then updated in the background; otherwise through the engine.
+    async fn set_limits(&self, agent: &AgentId, limits: handout::Limits) -> Result<()> {
+        let inspected = self
+            .engine
+            .docker
+            .inspect_container(&container_name(agent), None::<InspectContainerOptions>)
+            .await
+            .map_err(|e| {
+                if is_not_found(&e) {
+                    not_found(agent)
+                } else {
+                    Error::engine(format!("inspect the sandbox of {agent}"), e)
+                }
+            })?;
+        let runc = inspected.host_config.as_ref().and_then(|h| h.runtime.as_deref()) == Some("runc");
+        let pid = inspected
+            .state
+            .as_ref()
+            .filter(|s| s.running == Some(true))
+            .and_then(|s| s.pid)
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p != 0);
+        let written = match (runc, pid, inspected.id.as_deref()) {
+            (true, Some(pid), Some(id)) => {
+                cgroup::write(std::path::Path::new(cgroup::ROOT), id, pid, limits).unwrap_or_else(|e| {
+                    tracing::warn!(agent = %agent, error = %e, "writing the limits into the cgroups failed; the engine sets them");
+                    cgroup::Written::NotHere
+                })
+            }
+            _ => cgroup::Written::NotHere,
+        };
+        if written == cgroup::Written::NotHere {
+            return self.update_limits(agent, limits).await;
+        }
+        tracing::debug!(agent = %agent, "limits written into the cgroups; the engine's record follows");
+        let engine = self.engine.clone();
+        let owner = agent.clone();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(LIMITS_RECORD_DELAY).await;
+            let updated = update_limits(&engine, &owner, limits).await;
+            if let Err(e) = &updated {
+                tracing::warn!(agent = %owner, error = %e, "the engine's record of the limits is not updated yet; the next start retries");
+            }
+            updated
+        });
+        if let Some(old) = self
+            .limits_sync()
+            .insert(agent.clone(), LimitsSync { limits, task })
+        {
+            old.task.abort();
+        }
+        Ok(())
+    }
+
+    /// Wait for `agent`'s background limits update, redoing it through the engine when it failed or is
+    /// still not done after [`LIMITS_SYNC_WAIT`]: a start must not bring back older limits.
+    async fn sync_limits(&self, agent: &AgentId) -> Result<()> {
+        let Some(LimitsSync { limits, task }) = self.limits_sync().remove(agent) else {
+            return Ok(());
+        };
+        match tokio::time::timeout(LIMITS_SYNC_WAIT, task).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            _ => self.update_limits(agent, limits).await,
+        }
+    }
+
     /// A new boot: fresh token (its hash expected by the tunnel and persisted), files written, started.
     async fn boot(&self, agent: &AgentId) -> Result<()> {
+        self.prepare_boot(agent).await?;
+        self.start_booted(agent).await
+    }
+
+    /// The first half of a boot, for a created container that is not running: a fresh token, its hash
+    /// expected by the tunnel and persisted, the token and the CA written into the container.
+    async fn prepare_boot(&self, agent: &AgentId) -> Result<()> {
         let (token, hash) = new_token();
         self.tunnel.expect(agent, hash);
         topology::save_token(self.store.as_ref(), agent, Some(hash)).await?;
-        container::write_boot_files(&self.engine, agent, &token, &self.config.ca_pem).await?;
+        container::write_boot_files(&self.engine, agent, &token, &self.config.ca_pem).await
+    }
+
+    /// The second half of a boot: start the prepared container.
+    async fn start_booted(&self, agent: &AgentId) -> Result<()> {
         // Marked until the event watcher sees this start, so it does not mistake it for a foreign one.
         self.starting().insert(agent.clone());
         let started = self
@@ -162,13 +278,18 @@ impl DockerSandbox {
 
     async fn create_inner(&self, agent: &AgentId, spec: &ContainerSpec, made: &mut Made) -> Result<()> {
         image::require_image(&self.engine.docker, spec.image()).await?;
-        let mut topo = self.topology.lock().await;
+        let mut topo = self.topology.lock("create a sandbox network").await?;
         // Another runtime on the same engine may take the subnet we picked before we create the network;
         // the engine then refuses it and we pick the next free one (the refused one stays reserved).
         let mut tries = 0;
         let net = loop {
             let net = topo
-                .allocate(&self.engine, self.config.subnet_pool, agent)
+                .allocate(
+                    &self.engine,
+                    self.config.subnet_pool,
+                    self.config.subnet_prefix,
+                    agent,
+                )
                 .await?;
             match crate::docker::network::create(&self.engine, agent, &net).await? {
                 network::Created::Made => break net,
@@ -198,52 +319,59 @@ impl DockerSandbox {
                 },
             )
             .await?;
-        topo.attach(
-            &self.engine,
-            &self.gateway,
-            &self.tunnel,
-            &self.config,
-            agent,
-            net.clone(),
-        )
-        .await?;
+        // Two independent branches once the network exists: the gateway side (host firewall, holder
+        // join, rules, listeners) and the sandbox side (volume, container, boot files). The container
+        // starts only when both are done, so the rules and listeners exist before its first packet (E1). A
+        // teardown removes whatever exists, so on failure everything either branch may have made is
+        // undone.
         made.attached = true;
-        drop(topo);
-        let volume = VolumeCreateRequest {
-            name: Some(volume_name(agent)),
-            labels: Some(self.engine.labels(Some(agent), "volume")),
-            ..Default::default()
-        };
-        self.engine
-            .docker
-            .create_volume(volume)
-            .await
-            .map_err(|e| Error::engine("create the volume", e))?;
         made.volume = true;
-        container::create(&self.engine, agent, spec, &net, &self.config).await?;
         made.container = true;
-        self.boot(agent).await
+        let container_net = net.clone();
+        let gateway_side = async move {
+            let attached = topo
+                .attach(
+                    &self.engine,
+                    &self.gateway,
+                    &self.tunnel,
+                    &self.config,
+                    agent,
+                    net,
+                )
+                .await;
+            drop(topo);
+            attached
+        };
+        let sandbox_side = async {
+            let volume = VolumeCreateRequest {
+                name: Some(volume_name(agent)),
+                labels: Some(self.engine.labels(Some(agent), "volume")),
+                ..Default::default()
+            };
+            self.engine
+                .docker
+                .create_volume(volume)
+                .await
+                .map_err(|e| Error::engine("create the volume", e))?;
+            container::create(&self.engine, agent, spec, &container_net, &self.config).await?;
+            self.prepare_boot(agent).await
+        };
+        // Both run to their end (no cancelling a branch halfway through an engine call, which could make
+        // an object after the teardown looked for it).
+        let (attached, prepared) = tokio::join!(gateway_side, sandbox_side);
+        attached?;
+        prepared?;
+        self.start_booted(agent).await
     }
 
     /// Remove the container, the agent's attachment, network and record; the volume unless `keep_volume`.
     async fn teardown(&self, agent: &AgentId, keep_volume: bool, known: Option<AgentNetwork>) -> Result<()> {
-        let options = RemoveContainerOptions {
-            force: true,
-            v: false,
-            link: false,
-        };
-        match self
-            .engine
-            .docker
-            .remove_container(&container_name(agent), Some(options))
-            .await
-        {
-            Ok(()) => {}
-            Err(e) if is_not_found(&e) => {}
-            Err(e) => return Err(Error::engine(format!("remove the sandbox of {agent}"), e)),
+        if let Some(sync) = self.limits_sync().remove(agent) {
+            sync.task.abort();
         }
+        remove_sandbox_container(&self.engine, agent).await?;
         self.tunnel.forget(agent);
-        let mut topo = self.topology.lock().await;
+        let mut topo = self.topology.lock("remove a sandbox network").await?;
         let net = match topology::RECORDS.load(self.store.as_ref(), agent).await? {
             Some(record) => Some(record.net),
             None => topo.network(agent).or(known),
@@ -255,6 +383,7 @@ impl DockerSandbox {
         }
         drop(topo);
         let _ = std::fs::remove_file(self.config.state_dir.join("resolv").join(format!("{agent}.conf")));
+        self.exec_env.forget(self.store.as_ref(), agent).await?;
         if !keep_volume {
             let options = RemoveVolumeOptions { force: true };
             match self
@@ -269,6 +398,52 @@ impl DockerSandbox {
             }
         }
         topology::RECORDS.delete(self.store.as_ref(), agent).await
+    }
+}
+
+/// How many times a removal is tried when the storage driver could not delete the root filesystem yet.
+const REMOVE_TRIES: u32 = 4;
+
+/// Force-remove `agent`'s sandbox container (gone already is fine), trying again when the storage driver
+/// was not done with its root filesystem (see [`engine::is_busy_rootfs`]).
+async fn remove_sandbox_container(engine: &Engine, agent: &AgentId) -> Result<()> {
+    let mut tries = 0;
+    loop {
+        let options = RemoveContainerOptions {
+            force: true,
+            v: false,
+            link: false,
+        };
+        match engine
+            .docker
+            .remove_container(&container_name(agent), Some(options))
+            .await
+        {
+            Ok(()) => return Ok(()),
+            Err(e) if is_not_found(&e) => return Ok(()),
+            Err(e) if engine::is_busy_rootfs(&e) && tries + 1 < REMOVE_TRIES => {
+                tries += 1;
+                tracing::debug!(agent = %agent, tries, "the storage driver still holds the root filesystem; removing again");
+                tokio::time::sleep(std::time::Duration::from_millis(250 * u64::from(tries))).await;
+            }
+            Err(e) => return Err(Error::engine(format!("remove the sandbox of {agent}"), e)),
+        }
+    }
+}
+
+/// The engine's update of `agent`'s limits on its running container (`runc update`).
+async fn update_limits(engine: &Engine, agent: &AgentId, limits: handout::Limits) -> Result<()> {
+    match engine
+        .docker
+        .update_container(&container_name(agent), limits.update())
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(e) if is_not_found(&e) => Err(not_found(agent)),
+        Err(e) => Err(Error::engine(
+            format!("update the limits of the sandbox of {agent}"),
+            e,
+        )),
     }
 }
 
@@ -328,8 +503,9 @@ impl Sandbox for DockerSandbox {
             .load(self.store.as_ref(), agent)
             .await?
             .ok_or_else(|| not_found(agent))?;
+        self.sync_limits(agent).await?;
         {
-            let mut topo = self.topology.lock().await;
+            let mut topo = self.topology.lock("attach a started sandbox").await?;
             topo.attach(
                 &self.engine,
                 &self.gateway,
@@ -368,8 +544,38 @@ impl Sandbox for DockerSandbox {
         Ok(self.teardown(agent, keep_volume, None).await?)
     }
 
-    async fn exec_stream(&self, agent: &AgentId, request: ExecRequest) -> agenthold_core::Result<ExecStream> {
+    async fn exec_stream(
+        &self,
+        agent: &AgentId,
+        mut request: ExecRequest,
+    ) -> agenthold_core::Result<ExecStream> {
+        self.exec_env
+            .apply(self.store.as_ref(), agent, &mut request.env)
+            .await?;
         Ok(exec::start(&self.engine, agent, request).await?)
+    }
+
+    /// The environment is kept by the runtime and given to every exec and terminal (see the `handout`
+    /// module); the limits are updated on the running container. Labels stay the runtime's records.
+    async fn reconfigure(&self, agent: &AgentId, spec: &ContainerSpec) -> agenthold_core::Result<()> {
+        if topology::RECORDS
+            .load(self.store.as_ref(), agent)
+            .await?
+            .is_none()
+        {
+            return Err(not_found(agent).into());
+        }
+        let limits = async {
+            if !handout::sets_limits(spec) {
+                return Ok(());
+            }
+            let limits = handout::Limits::of(spec, &self.config)?;
+            self.set_limits(agent, limits).await
+        };
+        // Both before this returns; neither depends on the other.
+        let (limits, env) = tokio::join!(limits, self.exec_env.set(self.store.as_ref(), agent, spec.env()));
+        limits?;
+        Ok(env?)
     }
 
     async fn cancel_exec(&self, agent: &AgentId, exec_id: &str) -> agenthold_core::Result<()> {
@@ -382,9 +588,40 @@ impl Sandbox for DockerSandbox {
         if !self.watching.swap(true, Ordering::SeqCst)
             && let Some(this) = self.this.upgrade()
         {
-            this.watch(self.shutdown.clone());
+            let watcher = this.watch(self.shutdown.clone());
+            *self.watcher.lock().unwrap_or_else(PoisonError::into_inner) = Some(watcher);
+            // The holder starts now, in the background, not with the first create (which finds it up, or
+            // waits for the topology lock until it is). Skipped when something holds the lock already:
+            // whatever it is starts the holder itself if it needs one.
+            tokio::spawn(async move {
+                let Some(mut topo) = this.topology.try_lock("start the gateway container ahead") else {
+                    return;
+                };
+                if this.shutdown.is_cancelled() {
+                    // Shutting down already: the watcher releases the holder, none is started.
+                    return;
+                }
+                let warmed = topo.warm(&this.engine, &this.gateway, &this.config).await;
+                drop(topo);
+                if let Err(e) = warmed {
+                    tracing::warn!(error = %e, "cannot start the gateway container ahead; the first create will");
+                }
+            });
         }
         Ok(report)
+    }
+
+    /// Waits (at most [`SHUTDOWN_WAIT`]) for the event watcher to end, which removes the idle holder.
+    async fn shutdown(&self) {
+        let watcher = self.watcher.lock().unwrap_or_else(PoisonError::into_inner).take();
+        if let Some(watcher) = watcher
+            && tokio::time::timeout(SHUTDOWN_WAIT, watcher).await.is_err()
+        {
+            tracing::warn!(
+                "the engine watcher did not end within {} s; the idle gateway container may stay",
+                SHUTDOWN_WAIT.as_secs()
+            );
+        }
     }
 
     async fn read_file(&self, agent: &AgentId, path: &str) -> agenthold_core::Result<Vec<u8>> {
@@ -413,8 +650,16 @@ impl Sandbox for DockerSandbox {
     async fn open_terminal(
         &self,
         agent: &AgentId,
-        request: TerminalRequest,
+        mut request: TerminalRequest,
     ) -> agenthold_core::Result<Terminal> {
+        // The terminal's default `TERM` beats the spec's, as it beats a container's environment.
+        request
+            .env
+            .entry("TERM".to_owned())
+            .or_insert_with(|| terminal::TERM.to_owned());
+        self.exec_env
+            .apply(self.store.as_ref(), agent, &mut request.env)
+            .await?;
         Ok(terminal::open(&self.engine, agent, request).await?)
     }
 

@@ -1,6 +1,12 @@
 //! Per-agent Docker networks (E1, S4): each agent gets its own internal bridge network with no host address
 //! on it and its default gateway at `.2`, which the gateway namespace owns.
 //!
+//! Each network is one `/sandbox.subnet_prefix` (default `/28`) of `sandbox.subnet_pool`; an agent keeps the
+//! network in its record, so networks of an older size (a `/24` each before) stay valid. Its addresses: the
+//! network address; `.2` (the network's gateway, held inside the gateway namespace); the sandbox's, which
+//! Docker assigns (the first free one, `.1`); the gateway holder's join address, the last address before
+//! broadcast (`.254` in a `/24`, `.14` in a `/28`); and broadcast.
+//!
 //! The network is created `--internal` with a stable bridge name and `--gateway <subnet>.2`: Docker then
 //! gives every container on it a default route via `.2` by itself, across restarts, without any privileged
 //! step in the sandbox (E2). On Docker 20.10 the bridge gets no host address through
@@ -20,10 +26,6 @@ use sha2::{Digest, Sha256};
 use crate::docker::engine::{Engine, is_not_found};
 use crate::error::{Error, Result};
 
-/// The address the gateway container joins every agent network with (Docker reserves `.2` as the network's
-/// gateway, so the container takes `.254` and adds `.2` inside its own namespace).
-pub const GATEWAY_JOIN_HOST: u8 = 254;
-
 /// The names and addresses of one agent's network.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AgentNetwork {
@@ -31,7 +33,7 @@ pub struct AgentNetwork {
     pub name: String,
     /// Host-side bridge interface name (≤ 15 bytes).
     pub bridge: String,
-    /// The network's /24.
+    /// The network (a `/sandbox.subnet_prefix` of the pool when it was made; older records: a `/24`).
     pub subnet: Ipv4Net,
 }
 
@@ -48,11 +50,12 @@ impl AgentNetwork {
         }
     }
 
-    /// An address of the subnet by its last octet.
+    /// The address the gateway holder joins the network with: the last one before broadcast (`.254` of a
+    /// `/24`, `.14` of a `/28`). Docker reserves `.2` as the network's gateway, so the holder joins here
+    /// and adds `.2` inside its own namespace.
     #[must_use]
-    pub fn host(&self, last: u8) -> Ipv4Addr {
-        let [a, b, c, _] = self.subnet.network().octets();
-        Ipv4Addr::new(a, b, c, last)
+    pub fn join_addr(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.subnet.broadcast()).saturating_sub(1))
     }
 
     /// The gateway's address on this network (`.2`, see [`agenthold_egress::datapath::gateway_addr`]).
@@ -62,35 +65,51 @@ impl AgentNetwork {
     }
 }
 
-/// Pick a free /24 in `pool`: not used by any Docker network and not in `taken`.
+/// Pick a free `/prefix` in `pool`: not overlapping any Docker network nor any of `taken`.
 ///
 /// # Errors
 /// When the engine cannot list networks or the pool is exhausted.
-pub async fn allocate_subnet(docker: &Docker, pool: Ipv4Net, taken: &HashSet<Ipv4Net>) -> Result<Ipv4Net> {
+pub async fn allocate_subnet(
+    docker: &Docker,
+    pool: Ipv4Net,
+    prefix: u8,
+    taken: &HashSet<Ipv4Net>,
+) -> Result<Ipv4Net> {
     let networks = docker
         .list_networks(None::<ListNetworksOptions>)
         .await
         .map_err(|e| Error::engine("list networks", e))?;
-    let used: Vec<Ipv4Net> = networks
+    let mut used: Vec<Ipv4Net> = networks
         .iter()
         .filter_map(|n| n.ipam.as_ref()?.config.as_ref())
         .flatten()
         .filter_map(|c| c.subnet.as_deref()?.parse().ok())
         .collect();
-    let free = pool
-        .subnets(24)
-        .map_err(|e| Error::BadInput {
-            problem: format!("subnet pool {pool}: {e}"),
-        })?
-        .find(|s| {
-            !taken.contains(s)
-                && !used
-                    .iter()
-                    .any(|u| u.contains(&s.network()) || s.contains(&u.network()))
-        });
-    free.ok_or_else(|| Error::Unavailable {
-        problem: format!("no free /24 left in the subnet pool {pool} (sandbox.subnet_pool)"),
-    })
+    used.extend(taken.iter().copied());
+    pick_subnet(pool, prefix, &used)
+}
+
+/// The first `/prefix` of `pool` that overlaps none of `used` (networks of any size: older agents keep
+/// their `/24`).
+///
+/// # Errors
+/// [`Error::BadInput`] when `prefix` does not fit `pool`; [`Error::Unavailable`] when every one overlaps.
+pub fn pick_subnet(pool: Ipv4Net, prefix: u8, used: &[Ipv4Net]) -> Result<Ipv4Net> {
+    let overlaps = |s: &Ipv4Net, u: &Ipv4Net| u.contains(&s.network()) || s.contains(&u.network());
+    // Only the used networks that touch the pool matter (a host has others).
+    let used: Vec<Ipv4Net> = used.iter().filter(|u| overlaps(&pool, u)).copied().collect();
+    let mut candidates = pool.subnets(prefix).map_err(|e| Error::BadInput {
+        problem: format!("subnet pool {pool} with /{prefix} networks: {e}"),
+    })?;
+    let capacity = 1u64 << (prefix - pool.prefix_len()).min(63);
+    candidates
+        .find(|s| !used.iter().any(|u| overlaps(s, u)))
+        .ok_or_else(|| Error::Unavailable {
+            problem: format!(
+                "no free /{prefix} left in the subnet pool {pool} (sandbox.subnet_pool, {capacity} networks of \
+                 sandbox.subnet_prefix /{prefix}): remove agents, or configure a larger pool or a longer prefix"
+            ),
+        })
 }
 
 /// What [`create`] did.
@@ -192,8 +211,85 @@ mod tests {
         let net = AgentNetwork::for_agent(&agent, "10.213.5.0/24".parse().unwrap());
         assert!(net.bridge.len() <= 15);
         assert_eq!(net.gateway_addr(), Ipv4Addr::new(10, 213, 5, 2));
-        assert_eq!(net.host(GATEWAY_JOIN_HOST), Ipv4Addr::new(10, 213, 5, 254));
+        assert_eq!(
+            net.join_addr(),
+            Ipv4Addr::new(10, 213, 5, 254),
+            "old /24 records keep .254"
+        );
+        let small = AgentNetwork::for_agent(&agent, "10.213.5.32/28".parse().unwrap());
+        assert_eq!(small.gateway_addr(), Ipv4Addr::new(10, 213, 5, 34));
+        assert_eq!(small.join_addr(), Ipv4Addr::new(10, 213, 5, 46));
+        let smallest = AgentNetwork::for_agent(&agent, "10.213.5.8/29".parse().unwrap());
+        assert_eq!(smallest.join_addr(), Ipv4Addr::new(10, 213, 5, 14));
         let other = AgentNetwork::for_agent(&AgentId::new("b").unwrap(), net.subnet);
         assert_ne!(net.bridge, other.bridge);
+    }
+
+    fn pool() -> Ipv4Net {
+        "10.213.0.0/16".parse().unwrap()
+    }
+
+    #[test]
+    fn allocation_goes_past_256_agents() {
+        let mut used = Vec::new();
+        for i in 0..1000u32 {
+            let s = pick_subnet(pool(), 28, &used).unwrap();
+            assert_eq!(s.prefix_len(), 28);
+            assert!(pool().contains(&s.network()) && pool().contains(&s.broadcast()));
+            assert!(
+                used.iter().all(|u: &Ipv4Net| !u.contains(&s.network())),
+                "#{i} reused"
+            );
+            used.push(s);
+        }
+        assert_eq!(used[300], "10.213.18.192/28".parse::<Ipv4Net>().unwrap());
+    }
+
+    #[test]
+    fn exhaustion_is_a_clear_error() {
+        let small: Ipv4Net = "10.99.0.0/26".parse().unwrap();
+        let mut used = Vec::new();
+        for _ in 0..4 {
+            used.push(pick_subnet(small, 28, &used).unwrap());
+        }
+        let err = pick_subnet(small, 28, &used).unwrap_err().to_string();
+        assert!(
+            err.contains("no free /28") && err.contains("10.99.0.0/26"),
+            "{err}"
+        );
+        assert!(
+            err.contains("sandbox.subnet_pool") && err.contains("4 networks"),
+            "{err}"
+        );
+        assert!(pick_subnet(small, 24, &[]).is_err(), "a /24 does not fit a /26");
+    }
+
+    #[test]
+    fn old_24s_and_foreign_networks_stay_out_of_the_way() {
+        // Records from before: /24s at the start of the pool; a foreign network inside it too.
+        let used: Vec<Ipv4Net> = [
+            "10.213.0.0/24",
+            "10.213.1.0/24",
+            "10.213.2.16/28",
+            "172.17.0.0/16",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        let first = pick_subnet(pool(), 28, &used).unwrap();
+        assert_eq!(first, "10.213.2.0/28".parse::<Ipv4Net>().unwrap());
+        let mut all = used;
+        all.push(first);
+        assert_eq!(
+            pick_subnet(pool(), 28, &all).unwrap(),
+            "10.213.2.32/28".parse::<Ipv4Net>().unwrap()
+        );
+        // A new /28 never lands inside an old /24, and an old-size /24 is still picked whole.
+        assert_eq!(
+            pick_subnet(pool(), 24, &all).unwrap(),
+            "10.213.3.0/24".parse::<Ipv4Net>().unwrap()
+        );
+        // A network that contains the whole pool leaves nothing.
+        assert!(pick_subnet(pool(), 28, &["10.0.0.0/8".parse().unwrap()]).is_err());
     }
 }

@@ -43,7 +43,7 @@ impl DockerSandbox {
                 Err(e) => return Err(Error::engine(format!("inspect the sandbox of {agent}"), e)),
             };
             {
-                let mut topo = self.topology.lock().await;
+                let mut topo = self.topology.lock("restore a sandbox after a restart").await?;
                 topo.attach(
                     &self.engine,
                     &self.gateway,
@@ -76,7 +76,7 @@ impl DockerSandbox {
     /// Re-attach every served agent when the holder was replaced or is gone: a restarted holder's namespace
     /// comes back empty and closed. Events about the holder agenthold itself just started change nothing.
     async fn restore_gateway(&self) -> Result<()> {
-        let mut topo = self.topology.lock().await;
+        let mut topo = self.topology.lock("restore the gateway container").await?;
         if topo.agents().is_empty() || topo.holder_is_current(&self.engine).await? {
             return Ok(());
         }
@@ -102,7 +102,7 @@ impl DockerSandbox {
             let mut backoff = Duration::from_millis(200);
             while !cancel.is_cancelled() {
                 tokio::select! {
-                    () = cancel.cancelled() => return,
+                    () = cancel.cancelled() => break,
                     res = this.watch_once() => {
                         if let Err(e) = res {
                             tracing::warn!(error = %e, "engine event stream failed; reconnecting");
@@ -110,10 +110,18 @@ impl DockerSandbox {
                     }
                 }
                 tokio::select! {
-                    () = cancel.cancelled() => return,
+                    () = cancel.cancelled() => break,
                     () = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            // Shutdown: an idle holder goes now, a busy one with the last agent removed after this.
+            let released = match this.topology.lock("release the idle gateway container").await {
+                Ok(mut topo) => topo.release(&this.engine).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = released {
+                tracing::warn!(error = %e, "cannot remove the idle gateway container");
             }
         })
     }

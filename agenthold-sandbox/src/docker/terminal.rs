@@ -29,6 +29,9 @@ use super::engine::Engine;
 use super::{exec, hijack};
 use crate::error::{Error, Result};
 
+/// The terminal type a terminal gets unless its request sets `TERM`.
+pub(crate) const TERM: &str = "xterm-256color";
+
 /// Keystroke chunks queued towards the engine before `write` waits.
 const INPUT_QUEUE: usize = 64;
 /// Most output read at once.
@@ -60,8 +63,7 @@ pub(super) async fn open(engine: &Engine, agent: &AgentId, request: TerminalRequ
     } else {
         argv
     };
-    env.entry("TERM".to_owned())
-        .or_insert_with(|| "xterm-256color".to_owned());
+    env.entry("TERM".to_owned()).or_insert_with(|| TERM.to_owned());
     let id = AgentId::random().to_string();
     let options = CreateExecOptions {
         attach_stdin: Some(true),

@@ -58,19 +58,23 @@ pub(crate) struct Topology {
     agents: BTreeMap<AgentId, Served>,
     /// Subnets handed out but maybe not yet visible in the engine.
     reserved: HashSet<Ipv4Net>,
+    /// Whether the holder goes when it serves no agent (the runtime is shutting down); otherwise an idle
+    /// holder stays up for the next create.
+    release_idle: bool,
 }
 
 impl Topology {
-    /// A free /24 for `agent`.
+    /// A free `/prefix` of `pool` for `agent`.
     pub(crate) async fn allocate(
         &mut self,
         engine: &Engine,
         pool: Ipv4Net,
+        prefix: u8,
         agent: &AgentId,
     ) -> Result<AgentNetwork> {
         let mut taken = self.reserved.clone();
         taken.extend(self.agents.values().map(|a| a.net.subnet));
-        let subnet = allocate_subnet(&engine.docker, pool, &taken).await?;
+        let subnet = allocate_subnet(&engine.docker, pool, prefix, &taken).await?;
         self.reserved.insert(subnet);
         Ok(AgentNetwork::for_agent(agent, subnet))
     }
@@ -93,6 +97,34 @@ impl Topology {
         Ok((holder, datapath))
     }
 
+    /// Have the holder up (created and started when missing), serving nobody yet: what the first create
+    /// would otherwise wait for. An idle holder has no agent networks, rules or listeners, and is closed
+    /// from its creation (see [`Holder`]).
+    pub(crate) async fn warm(
+        &mut self,
+        engine: &Engine,
+        gateway: &Arc<Gateway>,
+        config: &DockerConfig,
+    ) -> Result<()> {
+        self.holder(engine, gateway, config).await.map(|_| ())
+    }
+
+    /// From now on the holder goes with the last agent (shutdown); it goes at once when it serves nobody.
+    pub(crate) async fn release(&mut self, engine: &Engine) -> Result<()> {
+        self.release_idle = true;
+        if !self.agents.is_empty() {
+            return Ok(());
+        }
+        let holder = match self.holder.take() {
+            Some((h, _)) => Some(h),
+            None => Holder::find(engine).await?,
+        };
+        match holder {
+            Some(h) => remove_holder(engine, &h).await,
+            None => Ok(()),
+        }
+    }
+
     /// Serve `agent` on `net`: host firewall, holder membership and `.2`, rules, listeners (idempotent: a
     /// re-attach rebinds the listeners, which is how a restarted holder is restored).
     pub(crate) async fn attach(
@@ -111,8 +143,7 @@ impl Topology {
             // Already served by the running holder: rebinding would collide with the live listeners.
             return Ok(());
         }
-        hostfw::allow_bridge(&net)?;
-        self.sync_host_firewall_with(engine, Some(&net))?;
+        self.host_add(engine, &net)?;
         let (holder, datapath) = self.holder(engine, gateway, config).await?;
         let iface = holder.join(engine, &net).await?;
         if let Some(old) = self.agents.remove(agent) {
@@ -136,7 +167,8 @@ impl Topology {
     }
 
     /// Stop serving `agent` and take the holder off `net` (its network, also when it was not attached, e.g.
-    /// before a reconcile); the holder goes with the last agent.
+    /// before a reconcile). The holder stays up without agents (the next create need not start it again)
+    /// unless the runtime is shutting down ([`Topology::release`]).
     pub(crate) async fn detach(
         &mut self,
         engine: &Engine,
@@ -149,13 +181,12 @@ impl Topology {
         gateway.detach(agent);
         let gone = self.agents.remove(agent).map(|s| s.attachment);
         self.reserved.remove(&net.subnet);
-        hostfw::disallow_bridge(&net.bridge)?;
         let (holder, datapath) = match self.holder.clone() {
             Some((h, datapath)) => (h, Some(datapath)),
             // Not found yet in this process: look for a running one without creating it.
             None => match Holder::find(engine).await? {
                 Some(h) => (h, None),
-                None => return self.sync_host_firewall_with(engine, None),
+                None => return self.host_remove(engine, net),
             },
         };
         // Its rules go before the holder leaves the network.
@@ -174,35 +205,31 @@ impl Topology {
             a.forget();
         }
         holder.leave(engine, net).await?;
-        self.sync_host_firewall_with(engine, None)?;
-        if self.agents.is_empty() {
-            let options = bollard::query_parameters::RemoveContainerOptions {
-                force: true,
-                v: true,
-                link: false,
-            };
-            match engine
-                .docker
-                .remove_container(&holder.container, Some(options))
-                .await
-            {
-                Ok(()) => {}
-                Err(e) if crate::docker::engine::is_not_found(&e) => {}
-                Err(e) => return Err(Error::engine("remove the gateway container", e)),
-            }
+        self.host_remove(engine, net)?;
+        if self.agents.is_empty() && self.release_idle {
+            remove_holder(engine, &holder).await?;
             self.holder = None;
         }
         Ok(())
     }
 
-    fn sync_host_firewall_with(&self, engine: &Engine, extra: Option<&AgentNetwork>) -> Result<()> {
-        let mut bridges: Vec<String> = self.agents.values().map(|a| a.net.bridge.clone()).collect();
-        if let Some(net) = extra
-            && !bridges.contains(&net.bridge)
-        {
-            bridges.push(net.bridge.clone());
-        }
-        hostfw::apply_host_table(engine.instance(), &bridges)
+    /// The host table with `net` added (its elements only, once the table is written).
+    fn host_add(&self, engine: &Engine, net: &AgentNetwork) -> Result<()> {
+        let mut all: Vec<AgentNetwork> = self.agents.values().map(|a| a.net.clone()).collect();
+        all.retain(|n| n.bridge != net.bridge);
+        all.push(net.clone());
+        hostfw::add_network(engine.instance(), &all, net)
+    }
+
+    /// The host table without `net` (the attached agents no longer include it); gone with the last.
+    fn host_remove(&self, engine: &Engine, net: &AgentNetwork) -> Result<()> {
+        let remaining: Vec<AgentNetwork> = self
+            .agents
+            .values()
+            .map(|a| a.net.clone())
+            .filter(|n| n.bridge != net.bridge)
+            .collect();
+        hostfw::remove_network(engine.instance(), &remaining, net)
     }
 
     /// Whether the holder this topology uses is still the running one (false when it was replaced or is
@@ -240,6 +267,24 @@ impl Topology {
     }
 }
 
+/// Remove the holder container.
+async fn remove_holder(engine: &Engine, holder: &Holder) -> Result<()> {
+    let options = bollard::query_parameters::RemoveContainerOptions {
+        force: true,
+        v: true,
+        link: false,
+    };
+    match engine
+        .docker
+        .remove_container(&holder.container, Some(options))
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(e) if crate::docker::engine::is_not_found(&e) => Ok(()),
+        Err(e) => Err(Error::engine("remove the gateway container", e)),
+    }
+}
+
 impl Drop for Topology {
     /// A runtime that goes away leaves the holder's rules as they are: its sandboxes keep running, and the
     /// next runtime reconciles them (S12). Dropping the attachments would rewrite the rules later, perhaps
@@ -248,5 +293,167 @@ impl Drop for Topology {
         for served in std::mem::take(&mut self.agents).into_values() {
             served.attachment.forget();
         }
+    }
+}
+
+/// How long a change to the topology waits for the one before it. Every step under the lock is bounded
+/// (an engine request by the client's 120 s timeout, `nft` and `ip` runs by their own), so a longer wait
+/// means something is stuck: it fails with the name of what holds the lock instead of hanging.
+pub(crate) const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// After this long waiting, the wait is logged (with what holds the lock).
+const LOCK_WAIT_WARN: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// What holds the topology lock, and since when.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    purpose: &'static str,
+    since: std::time::Instant,
+}
+
+/// The [`Topology`] behind its lock, with bounded waits that say what the lock is held for.
+pub(crate) struct TopologyLock {
+    topology: tokio::sync::Mutex<Topology>,
+    held: std::sync::Mutex<Option<Held>>,
+}
+
+impl Default for TopologyLock {
+    fn default() -> Self {
+        Self {
+            topology: tokio::sync::Mutex::new(Topology::default()),
+            held: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl TopologyLock {
+    /// The topology, for `purpose` (named in logs and errors while it is held), waiting at most `limit`.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] naming what holds it, when it is still held after `limit`.
+    pub(crate) async fn lock_within(
+        &self,
+        purpose: &'static str,
+        limit: std::time::Duration,
+    ) -> Result<TopologyGuard<'_>> {
+        let started = std::time::Instant::now();
+        let warn_after = LOCK_WAIT_WARN.min(limit);
+        let guard = match tokio::time::timeout(warn_after, self.topology.lock()).await {
+            Ok(guard) => guard,
+            Err(_) => {
+                tracing::warn!(
+                    purpose,
+                    held_by = %self.describe_holder(),
+                    waited_secs = warn_after.as_secs(),
+                    "waiting for the gateway topology"
+                );
+                let rest = limit.saturating_sub(started.elapsed());
+                tokio::time::timeout(rest, self.topology.lock())
+                    .await
+                    .map_err(|_| Error::Unavailable {
+                        problem: format!(
+                            "gave up after {} s waiting to {purpose}: the gateway topology is held by {}",
+                            limit.as_secs(),
+                            self.describe_holder()
+                        ),
+                    })?
+            }
+        };
+        *self.held_slot() = Some(Held {
+            purpose,
+            since: std::time::Instant::now(),
+        });
+        Ok(TopologyGuard {
+            guard,
+            held: &self.held,
+        })
+    }
+
+    /// [`TopologyLock::lock_within`] with [`LOCK_WAIT`].
+    pub(crate) async fn lock(&self, purpose: &'static str) -> Result<TopologyGuard<'_>> {
+        self.lock_within(purpose, LOCK_WAIT).await
+    }
+
+    /// The topology if nobody holds it now.
+    pub(crate) fn try_lock(&self, purpose: &'static str) -> Option<TopologyGuard<'_>> {
+        let guard = self.topology.try_lock().ok()?;
+        *self.held_slot() = Some(Held {
+            purpose,
+            since: std::time::Instant::now(),
+        });
+        Some(TopologyGuard {
+            guard,
+            held: &self.held,
+        })
+    }
+
+    fn describe_holder(&self) -> String {
+        match *self.held_slot() {
+            Some(held) => format!("\"{}\" for {} s", held.purpose, held.since.elapsed().as_secs()),
+            None => "nobody (it was just released)".to_owned(),
+        }
+    }
+
+    fn held_slot(&self) -> std::sync::MutexGuard<'_, Option<Held>> {
+        // Only plain assignments happen under this mutex: a poisoned one still holds a valid value.
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The locked topology; says it is free again when dropped.
+pub(crate) struct TopologyGuard<'a> {
+    guard: tokio::sync::MutexGuard<'a, Topology>,
+    held: &'a std::sync::Mutex<Option<Held>>,
+}
+
+impl std::ops::Deref for TopologyGuard<'_> {
+    type Target = Topology;
+    fn deref(&self) -> &Topology {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for TopologyGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Topology {
+        &mut self.guard
+    }
+}
+
+impl Drop for TopologyGuard<'_> {
+    fn drop(&mut self) {
+        *self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_wait_for_a_held_topology_is_bounded_and_names_the_holder() {
+        let lock = TopologyLock::default();
+        let held = lock.lock("start the gateway container ahead").await.unwrap();
+        assert!(lock.try_lock("another").is_none(), "held twice");
+        let err = match lock
+            .lock_within("create a sandbox network", Duration::from_millis(50))
+            .await
+        {
+            Ok(_) => panic!("locked twice"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("create a sandbox network"), "{err}");
+        assert!(err.contains("start the gateway container ahead"), "{err}");
+        drop(held);
+        let again = lock
+            .lock_within("create a sandbox network", Duration::from_millis(50))
+            .await;
+        assert!(again.is_ok(), "released lock not taken");
     }
 }

@@ -147,9 +147,11 @@ impl Runtime {
     }
 
     /// Hand out a warm-pool sandbox for a spec, if it fits one and one is ready: its policy becomes the
-    /// spec's and its record the caller's.
+    /// spec's and its record the caller's. A spec other than the plain one is applied to it first (see
+    /// [`Runtime::reconfigure_pooled`]). `None` sends the caller to a fresh create.
     async fn take_pooled(&self, container: &ContainerSpec, gateway: &GatewaySpec) -> Result<Option<AgentId>> {
-        if !self.pool.fits(container, gateway) {
+        let fit = self.pool.fit(container, gateway);
+        if fit == pool::Fit::No {
             return Ok(None);
         }
         let taken = self.pool.take();
@@ -157,6 +159,11 @@ impl Runtime {
         let Some(agent) = taken else {
             return Ok(None);
         };
+        if fit == pool::Fit::Reconfigured {
+            return Ok(self
+                .reconfigure_pooled(agent, container.clone(), gateway.clone())
+                .await);
+        }
         let record = AgentRecord {
             spec: SandboxSpec::join(container.clone(), gateway.clone()),
             secrets: Vec::new(),
@@ -169,6 +176,63 @@ impl Runtime {
             table.set(agent.clone(), gateway.policy.clone());
         }
         Ok(Some(agent))
+    }
+
+    /// Hand out the pooled sandbox `agent` for a spec other than the plain one: its secrets enter the
+    /// injector's table, the environment (with their placeholders) and the limits are applied to the
+    /// running sandbox ([`Sandbox::reconfigure`]), then the record is the caller's and the policy the
+    /// spec's, as a fresh create would leave them. The policy stays "refuse everything" until the end. On
+    /// any failure the sandbox is removed, never put back (it may carry part of this spec), and `None`
+    /// sends the caller to a fresh create; a sandbox runtime that cannot reconfigure
+    /// ([`agenthold_core::ErrorKind::Unavailable`]) is not asked again.
+    async fn reconfigure_pooled(
+        &self,
+        agent: AgentId,
+        mut container: ContainerSpec,
+        mut gateway: GatewaySpec,
+    ) -> Option<AgentId> {
+        let secrets = std::mem::take(&mut gateway.secrets);
+        let placeholders = match self.injector.table() {
+            Some(table) => table.set(&agent, secrets.clone()),
+            None => Vec::new(),
+        };
+        let handed = async {
+            for p in &placeholders {
+                if let Some(env) = &p.env {
+                    container.set_env(env, &p.placeholder)?;
+                }
+            }
+            let spec = SandboxSpec::join(container.clone(), gateway.clone());
+            let record = AgentRecord::new(&spec, &secrets, &placeholders, &self.vault, &agent)?;
+            // Independent: both run to their end; a failure of either removes the sandbox with its record.
+            let (reconfigured, saved) = tokio::join!(
+                self.sandbox.reconfigure(&agent, &container),
+                records::RECORDS.save(self.store.as_ref(), &agent, &record)
+            );
+            if let Err(e) = reconfigured {
+                if e.kind() == agenthold_core::ErrorKind::Unavailable {
+                    self.pool.no_reconfigure();
+                }
+                return Err(Error::from(e));
+            }
+            saved?;
+            if let Some(table) = self.policy.table() {
+                table.set(agent.clone(), gateway.policy.clone());
+            }
+            Ok::<(), Error>(())
+        }
+        .await;
+        match handed {
+            Ok(()) => Some(agent),
+            Err(e) => {
+                tracing::warn!(agent = %agent, error = %e, "warm pool: hand-out failed; creating afresh");
+                if let Some(table) = self.injector.table() {
+                    table.remove(&agent);
+                }
+                self.pool.discard(&agent).await;
+                None
+            }
+        }
     }
 
     /// Create `agent` from a checked spec: secrets and policy to the gateway's tables, the record to the
@@ -383,6 +447,7 @@ impl Runtime {
     pub async fn shutdown(&self) {
         self.cancel.cancel();
         self.pool.drain().await;
+        self.sandbox.shutdown().await;
         self.gateway.shutdown(Duration::from_secs(2)).await;
     }
 

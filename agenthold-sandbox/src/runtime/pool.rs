@@ -3,16 +3,20 @@
 //!
 //! A pooled sandbox is a real agent with its own network, volume and container, made from the plain spec
 //! (default image, runtime and limits; no environment, secrets or labels), and its policy refuses
-//! everything until it is handed out, when the caller's policy replaces it. Only plain specs take one:
-//! environment variables and placeholders are fixed when a container is created. Pooled agents are not
-//! listed, are removed on shutdown, and a restarted runtime removes the ones a previous run left.
+//! everything until it is handed out, when the caller's policy replaces it. A plain spec takes one as it
+//! is; any other spec of the same image and runtime takes one too when the sandbox runtime can
+//! [`Sandbox::reconfigure`] it: its secrets enter the gateway's table, and the environment (with their
+//! placeholders) and limits are applied to the running sandbox before the hand-out returns. A pooled
+//! sandbox is handed out once and never returns to the pool, so it carries nothing of another spec. Pooled
+//! agents are not listed, are removed on shutdown, and a restarted runtime removes the ones a previous run
+//! left.
 //!
 //! The pool works with any [`Sandbox`] (it only creates and removes). It needs per-agent policies the
 //! runtime can set ([`EgressPolicy::table`], the default policy's): with a policy that has none, a pooled
 //! sandbox could not be held at "refuse everything", so the pool stays empty (and says so once).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use agenthold_core::policy::{EgressPolicy, NetworkPolicy};
@@ -34,6 +38,8 @@ pub(crate) struct Pool {
     filling: AtomicUsize,
     /// Signalled whenever a creation ends.
     settled: Notify,
+    /// Whether the sandbox runtime may reconfigure (false once it answered that it cannot).
+    reconfigurable: AtomicBool,
     sandbox: Arc<dyn Sandbox>,
     policy: Arc<dyn EgressPolicy>,
     store: Arc<dyn Store>,
@@ -72,6 +78,7 @@ impl Pool {
             ready: Mutex::new(VecDeque::new()),
             filling: AtomicUsize::new(0),
             settled: Notify::new(),
+            reconfigurable: AtomicBool::new(true),
             sandbox,
             policy,
             store,
@@ -83,16 +90,42 @@ impl Pool {
         self.ready.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether a sandbox made from the plain spec can stand in for one made from `container` and
-    /// `gateway` (the policy is set at hand-out; environment, placeholders, labels and limits are fixed when
-    /// a container is made).
-    pub(crate) fn fits(&self, container: &ContainerSpec, gateway: &GatewaySpec) -> bool {
-        self.size > 0 && gateway.secrets.is_empty() && self.plain.as_ref() == Some(container)
+    /// Whether and how a sandbox made from the plain spec can stand in for one made from `container` and
+    /// `gateway`.
+    pub(crate) fn fit(&self, container: &ContainerSpec, gateway: &GatewaySpec) -> Fit {
+        let Some(plain) = self.plain.as_ref().filter(|_| self.size > 0) else {
+            return Fit::No;
+        };
+        if gateway.secrets.is_empty() && plain == container {
+            Fit::Plain
+        } else if plain.image() == container.image()
+            && plain.runtime() == container.runtime()
+            && self.reconfigurable.load(Ordering::SeqCst)
+        {
+            Fit::Reconfigured
+        } else {
+            Fit::No
+        }
     }
 
     /// A ready sandbox, if there is one.
     pub(crate) fn take(&self) -> Option<AgentId> {
         self.ready().pop_front()
+    }
+
+    /// The sandbox runtime cannot reconfigure: from now on only plain specs take pooled sandboxes.
+    pub(crate) fn no_reconfigure(&self) {
+        if self.reconfigurable.swap(false, Ordering::SeqCst) {
+            tracing::info!(
+                "warm pool: the sandbox runtime cannot reconfigure a running sandbox; only plain specs take \
+                 pooled sandboxes"
+            );
+        }
+    }
+
+    /// Remove a sandbox [`Pool::take`] gave whose hand-out failed halfway (it never goes back).
+    pub(crate) async fn discard(&self, agent: &AgentId) {
+        self.remove(agent).await;
     }
 
     /// Sandboxes ready to hand out.
@@ -194,6 +227,17 @@ impl Pool {
         }
         let _ = RECORDS.delete(self.store.as_ref(), agent).await;
     }
+}
+
+/// How a spec can use a pooled sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fit {
+    /// As it is: the plain spec with another policy.
+    Plain,
+    /// Reconfigured at hand-out: same image and runtime, anything else may differ.
+    Reconfigured,
+    /// Not at all (no pool, another image or runtime, or a sandbox runtime that cannot reconfigure).
+    No,
 }
 
 /// How long shutdown waits for pool creations in flight.

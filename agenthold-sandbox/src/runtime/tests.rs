@@ -203,7 +203,8 @@ async fn an_invalid_spec_never_reaches_the_sandbox_runtime() {
 }
 
 /// The warm pool works on any sandbox runtime: pooled sandboxes refuse everything until handed out, a
-/// plain spec takes one (with its policy), anything else is created afresh, and shutdown removes the rest.
+/// plain spec takes one (with its policy); any other spec needs a runtime that can reconfigure (the fake
+/// cannot), else it is created afresh; shutdown removes the rest.
 #[tokio::test]
 async fn the_warm_pool_hands_out_plain_sandboxes() {
     let dir = tempfile::tempdir().unwrap();
@@ -234,17 +235,37 @@ async fn the_warm_pool_hands_out_plain_sandboxes() {
     assert_eq!(runtime.sandboxes().await.unwrap(), vec![agent.clone()]);
     wait_ready(&runtime, 1).await;
 
-    // Not plain: created afresh, the pool untouched.
+    // Not plain, on a sandbox runtime that cannot reconfigure: the pooled sandbox it was offered is
+    // removed (it may carry part of the spec), the spec is created afresh, and later specs leave the pool
+    // alone.
+    let offered = fake.agents().into_iter().find(|a| *a != agent).unwrap();
     let creates = fake.calls_of(Op::Create).len();
     let other = runtime.create_sandbox(full_spec()).await.unwrap();
-    assert_ne!(other, agent);
-    assert_eq!(fake.calls_of(Op::Create).len(), creates + 1);
-    assert_eq!(runtime.warm_pool_ready(), 1);
+    assert_ne!(other, offered);
+    assert!(
+        fake.calls().contains(&Call::Remove {
+            agent: offered.clone(),
+            keep_volume: false
+        }),
+        "a pooled sandbox whose hand-out failed is removed, never put back"
+    );
+    assert!(record(&runtime, &offered).await.is_none());
+    assert!(!has_secrets(&runtime, &offered));
+    assert!(has_secrets(&runtime, &other));
+    wait_ready(&runtime, 1).await;
+    assert_eq!(
+        fake.calls_of(Op::Create).len(),
+        creates + 2,
+        "afresh, and the refill"
+    );
+    let third = runtime.create_sandbox(full_spec()).await.unwrap();
+    assert_eq!(runtime.warm_pool_ready(), 1, "not offered again");
+    assert_eq!(fake.calls_of(Op::Create).len(), creates + 3);
 
     let refill = fake
         .agents()
         .into_iter()
-        .find(|a| *a != agent && *a != other)
+        .find(|a| *a != agent && *a != other && *a != third)
         .unwrap();
     runtime.shutdown().await;
     assert!(
@@ -254,7 +275,7 @@ async fn the_warm_pool_hands_out_plain_sandboxes() {
         }),
         "shutdown removes the pool"
     );
-    assert_eq!(fake.agents().len(), 2, "handed-out sandboxes stay");
+    assert_eq!(fake.agents().len(), 3, "handed-out sandboxes stay");
 }
 
 /// A runtime started again on the same store restores policies and secrets from its records, hands the
@@ -267,8 +288,10 @@ async fn a_restarted_runtime_restores_its_agents() {
     let (agent, placeholder, pooled) = {
         let runtime = runtime_on(dir.path(), &fake, 1).await;
         wait_ready(&runtime, 1).await;
-        let pooled = fake.agents()[0].clone();
         let agent = runtime.create_sandbox(full_spec()).await.unwrap();
+        // The fake cannot reconfigure: the spec was created afresh, and the pool refilled.
+        wait_ready(&runtime, 1).await;
+        let pooled = fake.agents().into_iter().find(|a| *a != agent).unwrap();
         let placeholder = fake.spec(&agent).unwrap().env()["TOKEN"].clone();
         // Dropped without a shutdown, as a killed process would be: the pool is not drained.
         (agent, placeholder, pooled)

@@ -131,7 +131,7 @@ async fn nothing_but_the_gateway_answers_a_sandbox() {
             (80, ""),
         ] {
             probes.push(Probe::tcp(net_b.gateway, port, payload));
-            probes.push(Probe::tcp(nth(net_b.subnet, 254), port, payload));
+            probes.push(Probe::tcp(holder_addr(net_b.subnet), port, payload));
         }
         probes.push(Probe::udp(net_b.gateway, 15053));
         probes.push(Probe::icmp(net_b.gateway));
@@ -237,7 +237,7 @@ async fn a_sandbox_has_no_network_privileges() {
         let a = env.sandbox(None).await;
         let b = env.sandbox(None).await;
         let (net_a, net_b) = (network(&a).await, network(&b).await);
-        let spoofed = nth(net_b.subnet, 77);
+        let spoofed = nth(net_b.subnet, 9);
 
         let out = env
             .sh(&a, "grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status")
@@ -257,9 +257,9 @@ async fn a_sandbox_has_no_network_privileges() {
         assert!(out.stdout.contains("NoNewPrivs:\t1"), "{out}");
 
         for cmd in [
-            format!("ip addr add {spoofed}/24 dev eth0"),
+            format!("ip addr add {spoofed}/{} dev eth0", net_b.subnet.prefix_len()),
             format!("ip route add 172.17.0.0/16 via {}", net_a.gateway),
-            format!("ip route replace default via {}", nth(net_a.subnet, 254)),
+            format!("ip route replace default via {}", holder_addr(net_a.subnet)),
             "ip link set eth0 down".to_owned(),
         ] {
             let out = env.sh(&a, &cmd).await;

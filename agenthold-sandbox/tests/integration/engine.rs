@@ -55,7 +55,7 @@ pub async fn container(agent: &AgentId) -> ContainerFacts {
 pub struct NetFacts {
     /// Host bridge interface.
     pub bridge: String,
-    /// The /24.
+    /// The agent network (a /28 by default).
     pub subnet: ipnet::Ipv4Net,
     /// `.2`.
     pub gateway: Ipv4Addr,
@@ -76,7 +76,12 @@ pub async fn network(agent: &AgentId) -> NetFacts {
             .get("com.docker.network.bridge.name")
             .cloned()
             .expect("a named bridge"),
-        subnet: config.subnet.as_deref().expect("subnet").parse().expect("a /24"),
+        subnet: config
+            .subnet
+            .as_deref()
+            .expect("subnet")
+            .parse()
+            .expect("a subnet"),
         gateway: config
             .gateway
             .as_deref()

@@ -128,7 +128,7 @@ async fn a_restarted_or_killed_gateway_fails_closed_and_is_restored() {
             .await
             .ok()
             .stdout;
-        let holder_addr = nth(net_a.subnet, 254).to_string();
+        let holder_addr = holder_addr(net_a.subnet).to_string();
         let mut tcp: Vec<(String, u16)> = vec![(holder_addr.clone(), 8000), (holder_addr.clone(), 15002)];
         let mut udp = vec![(holder_addr, 8001)];
         for addr in [primary.to_string(), "172.17.0.1".to_owned()] {

@@ -1,7 +1,7 @@
 //! No leaks (issue 5, item 7), by counting: this installation's containers, networks and volumes (by
 //! label), the agents' bridges and veth ends on the host, their `DOCKER-USER` accepts and their entries in
 //! the host nftables table, and the gateway holder; after a create and remove, after failed creates, and
-//! after two agents are removed.
+//! after two agents are removed (the idle holder stays until the runtime shuts down).
 //!
 //! Counts are scoped to this test's installation and agents: other runtimes may be using the engine at the
 //! same time, so global totals are printed but not compared.
@@ -137,11 +137,21 @@ async fn nothing_is_left_after_remove_or_a_failed_create() {
     let env = Env::start().await;
     env.guard(async {
         eprintln!("engine totals before: {}", totals().await);
+        // An installation keeps its gateway holder up, idle (no networks, rules or listeners), from the
+        // runtime's start to its shutdown, so no create has to start it.
         let empty = Footprint::default();
-        assert_eq!(
-            footprint(&env.instance, &[], &[]).await,
-            empty,
-            "a fresh installation owns nothing"
+        let idle = Footprint {
+            containers: vec![format!("/agenthold-gw-{}", env.instance)],
+            ..Footprint::default()
+        };
+        let started = wait_for(std::time::Duration::from_secs(60), || async {
+            footprint(&env.instance, &[], &[]).await == idle
+        })
+        .await;
+        assert!(
+            started.is_some(),
+            "a fresh installation owns its idle holder only: {:#?}",
+            footprint(&env.instance, &[], &[]).await
         );
 
         // (a) create, then remove.
@@ -159,13 +169,18 @@ async fn nothing_is_left_after_remove_or_a_failed_create() {
         );
         assert_eq!(
             host_side(&during),
-            (1, 2, 3),
-            "bridge, two veth ends, DOCKER-USER (accept .2, drop new to the subnet, accept): {during:#?}"
+            (1, 2, 0),
+            "bridge, two veth ends, no per-bridge DOCKER-USER rule (the host table has it): {during:#?}"
+        );
+        assert_eq!(during.host_table, bridges, "the host table names the bridge");
+        assert!(
+            agenthold_sandbox::docker::hostfw::mark_rule_exists(),
+            "DOCKER-USER accepts what the host table marks"
         );
         env.runtime.remove(&a).await.unwrap();
         assert_eq!(
             footprint(&env.instance, &bridges, &veths).await,
-            empty,
+            idle,
             "after remove"
         );
         assert!(env.runtime.sandboxes().await.unwrap().is_empty());
@@ -192,16 +207,17 @@ async fn nothing_is_left_after_remove_or_a_failed_create() {
         )
         .await;
 
-        // (c) two agents, both removed: the holder goes with the last one.
+        // (c) two agents, both removed: the holder stays, idle; it goes at shutdown.
         let second = env.sandbox(None).await;
         let bridges = vec![bridge_of(&keeper), bridge_of(&second)];
         let veths: Vec<String> = bridges.iter().flat_map(|b| veths_of(b)).collect();
         let during = footprint(&env.instance, &bridges, &veths).await;
         assert_eq!(
             (engine(&during), host_side(&during)),
-            ((3, 2, 2), (2, 4, 6)),
+            ((3, 2, 2), (2, 4, 0)),
             "{during:#?}"
         );
+        assert_eq!(during.host_table, bridges, "the host table names both bridges");
         env.runtime.remove(&keeper).await.unwrap();
         let between = footprint(&env.instance, &bridges, &veths).await;
         assert_eq!(
@@ -212,12 +228,22 @@ async fn nothing_is_left_after_remove_or_a_failed_create() {
         env.runtime.remove(&second).await.unwrap();
         assert_eq!(
             footprint(&env.instance, &bridges, &veths).await,
-            empty,
+            idle,
             "after removing both"
         );
         assert!(
             !agenthold_sandbox::docker::hostfw::host_table_exists(&env.instance),
             "the installation's host table outlived its last agent"
+        );
+        env.runtime.shutdown().await;
+        let gone = wait_for(std::time::Duration::from_secs(30), || async {
+            footprint(&env.instance, &bridges, &veths).await == empty
+        })
+        .await;
+        assert!(
+            gone.is_some(),
+            "the idle holder outlived the runtime: {:#?}",
+            footprint(&env.instance, &bridges, &veths).await
         );
         eprintln!("engine totals after: {}", totals().await);
     })

@@ -1,8 +1,10 @@
-//! The warm pool (`sandbox.warm_pool`): ready sandboxes are handed out to plain specs, have no egress
-//! before, follow the caller's policy after, are not listed, and go with the runtime.
+//! The warm pool (`sandbox.warm_pool`): ready sandboxes are handed out to any spec of their image, have no
+//! egress before, follow the caller's policy, environment, secrets and limits after, are not listed, and
+//! go with the runtime.
 
 use std::time::{Duration, Instant};
 
+use agenthold_core::sandbox::ExecRequest;
 use agenthold_core::{AgentId, SandboxSpec};
 use agenthold_sandbox::Runtime;
 
@@ -65,31 +67,142 @@ async fn a_warm_pool_hands_out_ready_sandboxes() {
         );
         assert_eq!(runtime.sandboxes().await.unwrap(), std::slice::from_ref(&agent));
 
-        // A spec with an environment cannot use a pooled container (its environment is fixed at creation).
+        // Another image cannot use a pooled container (the image and the runtime are fixed at creation).
         wait_ready(runtime, 1).await;
         let refill = sandboxes_of(&env.instance)
             .await
             .into_iter()
             .find(|a| *a != agent)
             .expect("the refill");
-        let mut env_spec = SandboxSpec {
+        let other_image = SandboxSpec {
+            image: "agenthold-no-such-image:latest".into(),
             policy: allowlist(),
             ..SandboxSpec::default()
         };
-        env_spec.env.insert("GREETING".into(), "hello".into());
-        let other = runtime.create_sandbox(env_spec).await.expect("create with env");
-        assert_ne!(other, refill, "a spec with env does not take a pooled sandbox");
-        assert_eq!(sh(runtime, &other, "echo $GREETING").await.stdout.trim(), "hello");
-        assert_eq!(runtime.warm_pool_ready(), 1);
+        assert!(
+            runtime.create_sandbox(other_image).await.is_err(),
+            "a missing image fails"
+        );
+        assert_eq!(runtime.warm_pool_ready(), 1, "the pool was not touched");
+        assert!(sandboxes_of(&env.instance).await.contains(&refill));
 
         // Shutdown removes what is still pooled; handed-out sandboxes are the caller's.
         runtime.remove(&agent).await.expect("remove");
-        runtime.remove(&other).await.expect("remove");
         runtime.shutdown().await;
         assert!(
             sandboxes_of(&env.instance).await.is_empty(),
             "pooled sandboxes outlived the runtime"
         );
     })
+    .await;
+}
+
+/// The limits a sandbox's cgroup shows from inside (cgroup v1 or v2): pids, memory, CPU quota per period.
+const CGROUP_LIMITS: &str = "cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max; \
+     cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes; \
+     cat /sys/fs/cgroup/cpu.max 2>/dev/null || \
+     echo $(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) $(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)";
+
+// covers: P1, E10 (placeholders only in the sandbox), S1 (the spec's limits hold after a hand-out)
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn a_pooled_sandbox_takes_any_spec_of_its_image() {
+    let env = Env::start_with(|c| c.sandbox.warm_pool = 1).await;
+    env.guard(Box::pin(async {
+        let runtime = &env.runtime;
+        let docker = docker().await;
+        wait_ready(runtime, 1).await;
+        let pooled = sandboxes_of(&env.instance).await;
+        assert_eq!(pooled.len(), 1, "one pooled sandbox: {pooled:?}");
+        let name = format!("agenthold-{}", pooled[0]);
+        let before = docker.inspect_container(&name, None).await.expect("inspect");
+        let engine_env = before.config.and_then(|c| c.env).unwrap_or_default().join("\n");
+        assert!(
+            !engine_env.contains("GREETING") && !engine_env.contains(SECRET_ENV),
+            "a pooled container carries no spec's environment: {engine_env}"
+        );
+
+        // The full spec: environment, a secret with its placeholder variable, labels, limits.
+        let mut full = spec();
+        full.cpus = Some(0.5);
+        full.env.insert("GREETING".into(), "hello world".into());
+        full.env.insert("SHADOWED".into(), "from-spec".into());
+        full.labels.insert("team".into(), "blue".into());
+        let agent = runtime.create_sandbox(full).await.expect("hand-out");
+        assert_eq!(agent, pooled[0], "the pooled sandbox was handed out");
+
+        // The environment reaches every exec as if set at creation: placeholders only, never the value.
+        let out = runtime.exec(&agent, &["env"]).await.expect("env");
+        let vars = String::from_utf8_lossy(&out.stdout).into_owned();
+        let placeholder = runtime.agent_secrets(&agent).await.expect("secrets")[0]
+            .placeholder
+            .clone();
+        assert!(vars.lines().any(|l| l == "GREETING=hello world"), "{vars}");
+        assert!(vars.lines().any(|l| l == format!("{SECRET_ENV}={placeholder}")), "{vars}");
+        assert!(!vars.contains(SECRET_VALUE), "the secret's value reached the sandbox");
+        assert!(vars.lines().any(|l| l.starts_with("HTTPS_PROXY=")), "the datapath's variables stay");
+        // A command's own environment still wins.
+        let own = ExecRequest {
+            argv: vec!["sh".into(), "-c".into(), "echo $SHADOWED".into()],
+            env: [("SHADOWED".to_owned(), "mine".to_owned())].into(),
+            ..ExecRequest::default()
+        };
+        let out = runtime.exec_request(&agent, own).await.expect("exec");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "mine");
+        // Also in a shell started later; no file in the sandbox holds the value.
+        let script = format!("echo \"$GREETING\"; grep -rlsF '{SECRET_VALUE}' /.agenthold /workspace /etc /tmp; echo done");
+        let out = sh(runtime, &agent, &script).await;
+        assert_eq!(out.stdout.trim(), "hello world\ndone", "{out}");
+
+        // The secret is injected for its host, from the placeholder.
+        let args = format!(
+            "curl -sS -m 10 -o /dev/null -w '%{{http_code}}' -H \"X-Key: ${SECRET_ENV}\" https://{ALLOWED}/pool-inject"
+        );
+        let out = sh(runtime, &agent, &args).await;
+        assert_eq!(out.stdout.trim(), "200", "{out}");
+        let seen = env
+            .up
+            .https
+            .requests()
+            .into_iter()
+            .find(|r| r.path == "/pool-inject")
+            .expect("the request reached the upstream");
+        assert_eq!(seen.header("x-key"), Some(SECRET_VALUE));
+
+        // Labels are the runtime's records; limits are on the running container before the hand-out returned.
+        assert_eq!(runtime.spec(&agent).await.expect("spec").labels.get("team").map(String::as_str), Some("blue"));
+        // In the cgroups before the hand-out returned (written there directly, or by the engine).
+        let limits_hold = |out: Out| {
+            let lines: Vec<&str> = out.stdout.lines().map(str::trim).collect();
+            assert_eq!(lines.first().copied(), Some("128"), "{out}");
+            assert_eq!(lines.get(1).copied(), Some("268435456"), "{out}");
+            let cpu: Vec<u64> = lines
+                .get(2)
+                .map(|l| l.split_whitespace().filter_map(|n| n.parse().ok()).collect())
+                .unwrap_or_default();
+            assert!(cpu.len() == 2 && cpu[0] * 2 == cpu[1], "half a CPU: {out}");
+        };
+        limits_hold(sh(runtime, &agent, CGROUP_LIMITS).await);
+        // The engine's record follows (in the background when the cgroups were written directly).
+        let engine_limits = || async {
+            let after = docker.inspect_container(&name, None).await.expect("inspect");
+            let hc = after.host_config.expect("host config");
+            (hc.memory, hc.memory_swap, hc.pids_limit, hc.nano_cpus)
+        };
+        let wanted = (Some(256 * 1024 * 1024), Some(256 * 1024 * 1024), Some(128), Some(500_000_000));
+        let recorded = wait_for(Duration::from_secs(30), || async { engine_limits().await == wanted }).await;
+        assert!(recorded.is_some(), "engine record: {:?}", engine_limits().await);
+        // A restart recreates the cgroups from the engine's record: the limits are still the spec's.
+        runtime.stop(&agent).await.expect("stop");
+        runtime.start(&agent).await.expect("start");
+        limits_hold(sh(runtime, &agent, CGROUP_LIMITS).await);
+
+        runtime.remove(&agent).await.expect("remove");
+        assert!(
+            !sandboxes_of(&env.instance).await.contains(&agent),
+            "removed with its sandbox"
+        );
+        runtime.shutdown().await;
+    }))
     .await;
 }

@@ -43,6 +43,9 @@ pub const SECRET_REGEX: &str = "sk-real-value-8f2c1e7[a]";
 /// The environment variable carrying the secret's placeholder.
 pub const SECRET_ENV: &str = "API_KEY";
 
+/// The longest one test body (or a runtime build) may take; every test here takes well under a minute alone.
+pub const BODY_LIMIT: Duration = Duration::from_secs(600);
+
 /// The dev image, built or reused once per test process.
 pub async fn dev_image() -> ImageRef {
     static IMAGE: tokio::sync::OnceCell<ImageRef> = tokio::sync::OnceCell::const_new();
@@ -230,7 +233,9 @@ impl Env {
             .expect("data dir");
         let mut config = config(dir.path(), next_pool());
         tune(&mut config);
-        let runtime = build_runtime(config, &up).await;
+        let runtime = tokio::time::timeout(BODY_LIMIT, build_runtime(config, &up))
+            .await
+            .unwrap_or_else(|_| panic!("building the runtime took over {BODY_LIMIT:?}"));
         Self::from_parts(runtime, up, dir)
     }
 
@@ -255,11 +260,16 @@ impl Env {
     }
 
     /// Run `body`, then remove everything this environment made, also when `body` panicked.
+    ///
+    /// The body is bounded by [`BODY_LIMIT`]: a hang fails the test (after the cleanup) instead of
+    /// stalling the whole suite.
     pub async fn guard(&self, body: impl Future<Output = ()>) {
-        let outcome = AssertUnwindSafe(body).catch_unwind().await;
+        let outcome = tokio::time::timeout(BODY_LIMIT, AssertUnwindSafe(body).catch_unwind()).await;
         self.cleanup().await;
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
+        match outcome {
+            Ok(Ok(())) => {}
+            Ok(Err(panic)) => std::panic::resume_unwind(panic),
+            Err(_) => panic!("the test body did not finish within {BODY_LIMIT:?}"),
         }
     }
 
@@ -393,8 +403,12 @@ pub fn host(program: &str, args: &[&str]) -> std::process::Output {
         .unwrap_or_else(|e| panic!("run {program}: {e}"))
 }
 
-/// The address of `subnet` (a /24) ending in `last`.
-pub fn nth(subnet: ipnet::Ipv4Net, last: u8) -> Ipv4Addr {
-    let [a, b, c, _] = subnet.network().octets();
-    Ipv4Addr::new(a, b, c, last)
+/// The `n`th address of `subnet` (counting from its network address).
+pub fn nth(subnet: ipnet::Ipv4Net, n: u8) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(subnet.network()) + u32::from(n))
+}
+
+/// The gateway holder's address on `subnet`: the last before broadcast (`.254` of a /24, `.14` of a /28).
+pub fn holder_addr(subnet: ipnet::Ipv4Net) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(subnet.broadcast()) - 1)
 }

@@ -306,6 +306,9 @@ async fn receive(
     }
     // Looked up by the token's hash; an unknown token answers exactly as a missing resource.
     let Some(hook) = hooks::find(&state, &token).await? else {
+        // The body is read (at most the delivery limit) and dropped first: answering before it arrived
+        // makes hyper close the connection after the answer, and a client that reuses it sees a reset.
+        let _ = read_capped(&headers, body).await;
         metrics::counter!("agenthold_webhook_deliveries_total", "outcome" => "unknown").increment(1);
         return Err(ApiError::not_found());
     };
