@@ -4,7 +4,8 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ADVISORY_DB ?= ../shared/advisory-db
 
-.PHONY: harness-image dev quickstart test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz ui ui-test browser-test
+.PHONY: harness-image dev quickstart test deps deps-dev lint audit unit api-fuzz python install-check e2e fuzz ui ui-test browser-test \
+	bench bench-short bench-deps bench-report
 
 ## dev: the reference server on a throwaway data directory with a demo workspace and agent made through the
 ## API; it prints the local admin link and a token, and streams one Claude Code run against the local provider
@@ -122,3 +123,33 @@ browser-test: deps-dev ui
 	$(CARGO) run -q -p agenthold-server -- image build-dev
 	cd $(BROWSER_TESTS) && AGENTHOLD_BIN="$${CARGO_TARGET_DIR:-$(CURDIR)/target}/debug/agenthold" \
 	  timeout $(BROWSER_TEST_TIMEOUT) node --test --test-concurrency=2 --test-timeout=300000 test/*.test.js
+
+## bench: every benchmark (benches/README.md), then the plots of docs/benchmarks/ from their JSON. As root; installs
+## what they need (Docker, nftables, wrk, nginx-light, curl, dnsmasq, python3-venv for mitmproxy) and builds the dev image.
+## Takes about an hour (the soak alone 10 minutes); a bench that fails does not stop the others, the target
+## fails at the end. `make bench-short` (or BENCH_SHORT=1 make bench): every bench in its quick mode
+## (fewest rounds and seconds; the soak 1,000 connections for one minute), about 15 minutes. BENCHES=… picks.
+BENCHES ?= egress intercept splice sandbox_start server density soak
+bench: bench-deps
+	@failed=""; for b in $(BENCHES); do \
+	  if [ ! -f benches/benches/$$b.rs ]; then echo "make bench: no bench $$b, skipped" >&2; continue; fi; \
+	  echo "== bench $$b" >&2; \
+	  $(CARGO) bench -q -p agenthold-benches --bench $$b || failed="$$failed $$b"; \
+	done; \
+	$(MAKE) --no-print-directory bench-report || failed="$$failed report"; \
+	if [ -n "$$failed" ]; then echo "make bench: failed:$$failed" >&2; exit 1; fi
+bench-short:
+	BENCH_SHORT=1 $(MAKE) --no-print-directory bench
+
+## bench-report: the SVG plots of docs/benchmarks/ from the bench JSON files in target/ (missing ones skipped).
+bench-report:
+	$(CARGO) bench -q -p agenthold-benches --bench report
+
+## bench-deps: what the benches need besides what `make dev` installs.
+bench-deps: deps-dev
+	@need=""; \
+	for t in wrk:wrk nginx:nginx-light curl:curl dnsmasq:dnsmasq-base; do command -v $${t%%:*} >/dev/null 2>&1 || need="$$need $${t#*:}"; done; \
+	python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need="$$need python3-venv"; \
+	if [ -n "$$need" ]; then echo "bench-deps: installing$$need" >&2; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need >/dev/null; fi
+	$(CARGO) run -q -p agenthold-server -- image build-dev

@@ -49,7 +49,7 @@ fi
 if ! docker version >/dev/null 2>&1; then
   log "starting dockerd"
   mkdir -p /var/log
-  nohup dockerd >/var/log/agenthold-dockerd.log 2>&1 &
+  setsid nohup dockerd >/var/log/agenthold-dockerd.log 2>&1 &
   for _ in $(seq 60); do
     docker version >/dev/null 2>&1 && break
     sleep 0.5

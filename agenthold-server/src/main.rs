@@ -21,6 +21,13 @@ mod serve_cli;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc's malloc: the gateway allocates per request (hyper's heads and bodies, the
+/// log entry), and glibc's allocator was ≈ 10 % of its CPU per intercepted request (docs/benchmarks.md,
+/// issue 14). Only the binary chooses: the libraries never set a global allocator, so an embedder keeps
+/// its own.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// agenthold: run untrusted agents behind an egress gateway you control.
 #[derive(Debug, Parser)]
 #[command(name = "agenthold", version, about)]

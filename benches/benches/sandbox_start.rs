@@ -1,33 +1,37 @@
 //! Sandbox start: `Runtime::create_sandbox` until the first `exec(["true"])` returns, vs
-//! `docker run --rm agenthold/dev:latest true`, side by side in one run (issue 5, item 11).
+//! `docker run --rm agenthold/dev:latest true`, side by side in one run (issue 5, item 11; issue 14).
 //!
-//! `cargo bench -p agenthold-benches --bench sandbox_start` (as root, Docker running). One `Runtime` on a
-//! temporary data directory; `agenthold/dev:latest` is built first if it is missing or stale
-//! (`image::ensure_dev_image`). A warm-up of every kind, then `BENCH_ROUNDS` (default 5) rounds, the kinds
-//! interleaved (their order rotates from round to round), in two phases:
+//! `cargo bench -p agenthold-benches --bench sandbox_start` (as root, Docker running). `agenthold/dev:latest`
+//! is built first if it is missing or stale (`image::ensure_dev_image`). Two specs are timed: the plain
+//! one (`SandboxSpec::default()`) and a full one ([`full_spec`]: an environment variable, a secret with its
+//! placeholder variable, a label, and limits of its own). A warm-up of every kind, then `BENCH_ROUNDS`
+//! (default 5) rounds, the kinds interleaved (their order rotates from round to round), in phases:
 //!
-//! - **cold**: no other sandbox of this runtime exists, so the create also creates and starts the gateway
-//!   holder container (and the remove removes it again): the first sandbox of a fresh runtime.
-//! - **warm**: a long-lived sandbox keeps the holder up, as it is for every sandbox but the first.
+//! - **cold**: each sandbox on a runtime built just before (untimed) on a fresh data directory: the first
+//!   sandbox of a fresh runtime, whose gateway holder is still starting in the background.
+//! - **idle**: one long-lived runtime with no other sandbox: its holder is up but serves nobody (it stays
+//!   up between sandboxes), as for every sandbox of a one-at-a-time user.
+//! - **warm**: a long-lived sandbox runs next to the one timed.
 //!
 //! Each round also runs `docker run --rm --pull never agenthold/dev:latest true` (the CLI, as an operator
-//! would) and the same through the engine API (bollard create + start + wait + remove), the reference.
+//! would) and, in the idle and warm phases, the same through the engine API (bollard create + start + wait
+//! + remove), the reference.
 //!
 //! Where the time goes comes from outside the sandbox crate: the engine's event stream (`docker events`,
 //! nanosecond timestamps on the host clock) shows when each object was made, and timestamps around the
-//! public calls close the timeline. Every sandbox is removed, and at the end nothing with this run's
+//! public calls close the timeline. Every sandbox is removed, and at the end nothing with a run's
 //! instance label may be left (containers, networks, volumes, host nftables table, `DOCKER-USER` rules).
 //!
-//! A third part times single engine steps through bollard alone (no agenthold code): creating and
+//! Another part times single engine steps through bollard alone (no agenthold code): creating and
 //! removing an internal network like an agent's, and starting the same container on the default bridge,
 //! on such a user-defined network, and with no network, to say what of a sandbox start is Docker's own.
 //!
-//! A fourth part starts a second runtime with `warm_pool(1)` (`sandbox.warm_pool`) once the first is shut
-//! down: each round waits, untimed, until a sandbox is ready, then times `create_sandbox` + first exec as
-//! above (the hand-out), next to `docker run --rm` of the same round.
+//! The last part starts a runtime with `warm_pool(1)` (`sandbox.warm_pool`) once the first is shut down:
+//! each round waits, untimed, until a sandbox is ready, then times `create_sandbox` + first exec (the
+//! hand-out) for both specs, next to `docker run --rm` of the same round.
 //!
 //! `BENCH_ROUNDS`, `BENCH_JSON` (default `target/bench-sandbox-start.json`),
-//! `BENCH_ONLY=cold,warm,engine,pool`.
+//! `BENCH_ONLY=cold,idle,warm,engine,pool`.
 // A benchmark's output is its table on stdout.
 #![allow(clippy::print_stdout)]
 
@@ -57,6 +61,8 @@ use serde_json::{Value, json};
 
 /// The issue's target: create-to-first-exec ≤ 1.0 × `docker run --rm … true`.
 const TARGET_RATIO: f64 = 1.0;
+/// The issue's target for a warm-pool hand-out: ≤ 0.15 × `docker run --rm … true`.
+const TARGET_POOL: f64 = 0.15;
 /// Prefix of the reference containers' names (for the event timeline and the leak check).
 const REFERENCE_PREFIX: &str = "ahbench-start";
 
@@ -69,16 +75,21 @@ enum Kind {
     DockerApi,
     /// `create_sandbox` + first `exec(["true"])`.
     Sandbox,
+    /// The same with [`full_spec`]: environment, a secret with its placeholder variable, labels, limits.
+    SandboxFull,
 }
 
 impl Kind {
-    const ALL: [Kind; 3] = [Kind::DockerRun, Kind::DockerApi, Kind::Sandbox];
+    const ALL: [Kind; 4] = [Kind::DockerRun, Kind::DockerApi, Kind::Sandbox, Kind::SandboxFull];
+    /// The sandbox kinds, plain spec first.
+    const OURS: [Kind; 2] = [Kind::Sandbox, Kind::SandboxFull];
 
     fn label(self) -> &'static str {
         match self {
             Kind::DockerRun => "docker run --rm IMAGE true (CLI)",
             Kind::DockerApi => "engine API: create + start + wait + remove",
-            Kind::Sandbox => "create_sandbox + first exec([\"true\"])",
+            Kind::Sandbox => "create_sandbox(plain) + first exec([\"true\"])",
+            Kind::SandboxFull => "create_sandbox(full spec) + first exec",
         }
     }
 
@@ -87,8 +98,43 @@ impl Kind {
             Kind::DockerRun => "docker_run_cli",
             Kind::DockerApi => "docker_api",
             Kind::Sandbox => "sandbox",
+            Kind::SandboxFull => "sandbox_full_spec",
         }
     }
+
+    fn is_ours(self) -> bool {
+        Kind::OURS.contains(&self)
+    }
+
+    /// The spec a sandbox kind creates.
+    fn spec(self) -> Result<SandboxSpec> {
+        if self == Kind::SandboxFull {
+            full_spec()
+        } else {
+            Ok(SandboxSpec::default())
+        }
+    }
+}
+
+/// A spec that is not plain: an environment variable, a secret whose placeholder is in `API_KEY` (injected
+/// for a host the bench never calls), a label, and limits of its own (all three).
+fn full_spec() -> Result<SandboxSpec> {
+    let rule = agenthold_core::SecretRule::header(&["api.bench.test"], "authorization", "Bearer {{.Value}}")?;
+    let secret = agenthold_core::secret::SecretSpec::new(
+        "bench-key",
+        "sk-bench-not-a-real-key".into(),
+        Some("API_KEY"),
+        vec![rule],
+    )?;
+    Ok(SandboxSpec {
+        env: [("GREETING".to_owned(), "hello".to_owned())].into(),
+        secrets: vec![secret],
+        labels: [("team".to_owned(), "bench".to_owned())].into(),
+        cpus: Some(1.0),
+        memory_bytes: Some(512 * 1024 * 1024),
+        pids: Some(256),
+        ..SandboxSpec::default()
+    })
 }
 
 /// One timed start.
@@ -107,6 +153,8 @@ struct Sample {
     name: Option<String>,
     /// The window of engine events that belong to this sample.
     window: (i64, i64),
+    /// The instance label of the runtime that made it, when not the main runtime's.
+    instance: Option<String>,
 }
 
 /// Samples of one phase (cold or warm), per kind.
@@ -134,9 +182,14 @@ impl Phase {
         self.of(kind).map(|s| s.total.as_secs_f64() * 1e3).collect()
     }
 
-    /// Median over rounds of (sandbox / docker run CLI) of the same round.
+    /// Median over rounds of (plain sandbox / `base`) of the same round.
     fn ratio(&self, base: Kind) -> Option<f64> {
-        let ours = self.totals_ms(Kind::Sandbox);
+        self.ratio_of(Kind::Sandbox, base)
+    }
+
+    /// Median over rounds of (`ours` / `base`) of the same round.
+    fn ratio_of(&self, ours: Kind, base: Kind) -> Option<f64> {
+        let ours = self.totals_ms(ours);
         let theirs = self.totals_ms(base);
         if ours.len() != theirs.len() || ours.is_empty() {
             return Some(median(&ours)? / median(&theirs)?);
@@ -171,18 +224,8 @@ fn run() -> Result<()> {
             .max(1),
         only: var("BENCH_ONLY").map(|v| v.split(',').map(|s| s.trim().to_owned()).collect()),
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("tokio runtime")?
-        .block_on(bench(&settings))
+    harness::init_tracing();
+    harness::runtime("bench", 2)?.block_on(bench(&settings))
 }
 
 async fn bench(settings: &Settings) -> Result<()> {
@@ -209,6 +252,15 @@ async fn bench(settings: &Settings) -> Result<()> {
     let recorder = Recorder::start(&docker).await;
     let mut made: Vec<AgentId> = Vec::new();
     let result = measure(settings, &runtime, &docker, &mut made).await;
+    let fresh = if settings.wants("cold") && result.is_ok() {
+        eprintln!(
+            "bench sandbox_start: cold phase, a fresh runtime per sandbox ({} rounds) …",
+            settings.rounds
+        );
+        Some(fresh_phase(settings.rounds, &runtime, &docker, &mut made).await)
+    } else {
+        None
+    };
     let engine = if settings.wants("engine") {
         eprintln!("bench sandbox_start: engine steps ({} rounds) …", settings.rounds);
         let pool = runtime.config().sandbox.subnet_pool;
@@ -225,15 +277,18 @@ async fn bench(settings: &Settings) -> Result<()> {
     runtime.shutdown().await;
     // Let the last events arrive.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (mut cold, mut warm) = result?;
+    let (mut idle, mut warm) = result?;
+    let fresh = fresh.transpose()?;
+    let (mut cold, mut leaks) = fresh.map_or_else(|| (Phase::default(), Vec::new()), |f| (f.phase, f.leaks));
     let engine = engine.transpose()?;
     let instance = instance_of(&recorder, &made).context("no event carried this run's instance label")?;
-    for phase in [&mut cold, &mut warm] {
+    for phase in [&mut cold, &mut idle, &mut warm] {
         for sample in &mut phase.samples {
-            add_events(sample, &recorder, &instance);
+            let own = sample.instance.clone().unwrap_or_else(|| instance.clone());
+            add_events(sample, &recorder, &own);
         }
     }
-    let mut leaks = leaks(&docker, &instance, &made).await?;
+    leaks.extend(leaks_after_shutdown(&docker, &instance, &made).await?);
     drop(runtime);
     let pooled = if settings.wants("pool") {
         eprintln!("bench sandbox_start: warm pool ({} rounds) …", settings.rounds);
@@ -245,21 +300,32 @@ async fn bench(settings: &Settings) -> Result<()> {
     };
 
     println!();
+    let no_pool = Phase::default();
     println!(
         "{}",
-        summary_table(&cold, &warm, pooled.as_ref().map(|p| &p.phase), build_time)
+        summary_table(&cold, &idle, &warm, pooled.as_ref().map(|p| &p.phase), build_time)
     );
     for (name, phase) in [
-        ("cold (first sandbox: holder created too)", &cold),
-        ("warm (holder running)", &warm),
+        ("cold (a fresh runtime's first sandbox)", &cold),
+        ("idle (no other sandbox; the holder idle but up)", &idle),
+        ("warm (another sandbox running)", &warm),
+        (
+            "warm pool (1): hand-out",
+            pooled.as_ref().map_or(&no_pool, |p| &p.phase),
+        ),
     ] {
-        if phase.samples.is_empty() {
-            continue;
+        for kind in Kind::OURS {
+            if phase.of(kind).next().is_none() {
+                continue;
+            }
+            println!(
+                "where the time goes, {name}, {}: median ms per phase",
+                kind.label()
+            );
+            println!("{}", phase_table(phase, kind));
         }
-        println!("where the time goes, {name}: create_sandbox + first exec, median ms per phase");
-        println!("{}", phase_table(phase, Kind::Sandbox));
     }
-    let reference = if cold.samples.is_empty() { &warm } else { &cold };
+    let reference = if idle.samples.is_empty() { &warm } else { &idle };
     println!("where the time goes, docker run --rm (CLI), median ms per phase");
     println!("{}", phase_table(reference, Kind::DockerRun));
     if let Some(engine) = &engine {
@@ -297,9 +363,11 @@ async fn bench(settings: &Settings) -> Result<()> {
         },
         "engine_steps_ms": engine.as_ref().map(|e| e.iter().map(|(k, v)| (k.clone(), json!({"median": median(v), "runs": v}))).collect::<serde_json::Map<_, _>>()),
         "cold": phase_json(&cold),
+        "idle": phase_json(&idle),
         "warm": phase_json(&warm),
         "warm_pool": pooled.as_ref().map(|p| phase_json(&p.phase)),
         "target_ratio": TARGET_RATIO,
+        "target_ratio_warm_pool": TARGET_POOL,
     });
     let path = std::env::var_os("BENCH_JSON").map_or_else(
         || harness::target_dir().join("bench-sandbox-start.json"),
@@ -339,8 +407,9 @@ async fn pool_phase(rounds: usize, docker: &Docker) -> Result<PoolPhase> {
     let mut counter = 1_000_000usize;
     let outcome = async {
         for round in 0..=rounds {
-            for k in 0..2 {
-                let kind = [Kind::Sandbox, Kind::DockerRun][(round + k) % 2];
+            let kinds = [Kind::Sandbox, Kind::SandboxFull, Kind::DockerRun];
+            for k in 0..kinds.len() {
+                let kind = kinds[(round + k) % kinds.len()];
                 let waited = Instant::now();
                 while runtime.warm_pool_ready() == 0 {
                     if waited.elapsed() > POOL_PATIENCE {
@@ -366,8 +435,70 @@ async fn pool_phase(rounds: usize, docker: &Docker) -> Result<PoolPhase> {
     }
     runtime.shutdown().await;
     outcome?;
-    let leaks = leaks(docker, &instance, &made).await?;
+    let leaks = leaks_after_shutdown(docker, &instance, &made).await?;
     Ok(PoolPhase { phase, leaks })
+}
+
+/// The cold part: per round (the first a warm-up), `docker run --rm` and, each on a runtime built just
+/// before on its own data directory (untimed), a plain and a full-spec sandbox: the first sandbox of a
+/// fresh runtime, whose holder is starting in the background since the build. Each runtime is shut down
+/// after its sample; what it left is collected.
+async fn fresh_phase(
+    rounds: usize,
+    main: &Runtime,
+    docker: &Docker,
+    made: &mut Vec<AgentId>,
+) -> Result<PoolPhase> {
+    let mut phase = Phase::default();
+    let mut leaks_found = Vec::new();
+    let mut counter = 2_000_000usize;
+    for round in 0..=rounds {
+        let kinds = [Kind::DockerRun, Kind::Sandbox, Kind::SandboxFull];
+        for k in 0..kinds.len() {
+            let kind = kinds[(round + k) % kinds.len()];
+            let sample = if kind.is_ours() {
+                let data_dir = tempfile::tempdir().context("data directory")?;
+                let instance = agenthold_sandbox::docker::engine::instance_label(data_dir.path());
+                let runtime = Runtime::builder().data_dir(data_dir.path()).build().await?;
+                let mut own = Vec::new();
+                harness::settle("sandbox_start");
+                let sample = one(kind, &runtime, docker, &mut counter, &mut own).await;
+                for agent in runtime.sandboxes().await.unwrap_or_default() {
+                    let _ = runtime.remove(&agent).await;
+                }
+                runtime.shutdown().await;
+                leaks_found.extend(leaks_after_shutdown(docker, &instance, &own).await?);
+                made.extend(own);
+                let mut sample = sample?;
+                sample.instance = Some(instance);
+                sample
+            } else {
+                harness::settle("sandbox_start");
+                one(kind, main, docker, &mut counter, made).await?
+            };
+            // Round 0 is the warm-up.
+            if round > 0 {
+                phase.record(sample);
+            }
+        }
+    }
+    Ok(PoolPhase {
+        phase,
+        leaks: leaks_found,
+    })
+}
+
+/// [`leaks`] once the runtime's shutdown had time to remove its idle gateway holder (it goes in the
+/// background, at most a few seconds).
+async fn leaks_after_shutdown(docker: &Docker, instance: &str, made: &[AgentId]) -> Result<Vec<String>> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = leaks(docker, instance, made).await?;
+        if left.is_empty() || Instant::now() > deadline {
+            return Ok(left);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Warm-up, then the cold and warm phases.
@@ -382,10 +513,10 @@ async fn measure(
     for kind in Kind::ALL {
         one(kind, runtime, docker, &mut counter, made).await?;
     }
-    let mut cold = Phase::default();
-    if settings.wants("cold") {
-        eprintln!("bench sandbox_start: cold phase ({} rounds) …", settings.rounds);
-        rounds(settings.rounds, &mut cold, runtime, docker, &mut counter, made).await?;
+    let mut idle = Phase::default();
+    if settings.wants("idle") {
+        eprintln!("bench sandbox_start: idle phase ({} rounds) …", settings.rounds);
+        rounds(settings.rounds, &mut idle, runtime, docker, &mut counter, made).await?;
     }
     let mut warm = Phase::default();
     if settings.wants("warm") {
@@ -402,7 +533,7 @@ async fn measure(
             .context("remove the keeper sandbox")?;
         measured?;
     }
-    Ok((cold, warm))
+    Ok((idle, warm))
 }
 
 async fn rounds(
@@ -447,6 +578,7 @@ async fn one(
         remove: None,
         name: None,
         window: (t0, t0),
+        instance: None,
     };
     match kind {
         Kind::DockerRun => {
@@ -497,8 +629,8 @@ async fn one(
             timeline.mark("remove returns", docker_events::now());
             sample.name = Some(name);
         }
-        Kind::Sandbox => {
-            let agent = runtime.create_sandbox(SandboxSpec::default()).await?;
+        Kind::Sandbox | Kind::SandboxFull => {
+            let agent = runtime.create_sandbox(kind.spec()?).await?;
             made.push(agent.clone());
             timeline.mark("create_sandbox returns", docker_events::now());
             let out = runtime.exec(&agent, &["true"]).await?;
@@ -550,7 +682,7 @@ fn add_events(sample: &mut Sample, recorder: &Recorder, instance: &str) {
     let events: Vec<Event> = events.into_iter().filter(|e| e.at <= end).collect();
     let t = &mut sample.timeline;
     match (sample.kind, &sample.agent, &sample.name) {
-        (Kind::Sandbox, Some(agent), _) => {
+        (Kind::Sandbox | Kind::SandboxFull, Some(agent), _) => {
             let own = format!("agenthold-{agent}");
             let is_holder = |e: &Event| {
                 e.kind == "container"
@@ -687,42 +819,54 @@ fn ms_cell(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
 }
 
-fn summary_table(cold: &Phase, warm: &Phase, pooled: Option<&Phase>, build_time: Duration) -> String {
+fn summary_table(
+    cold: &Phase,
+    idle: &Phase,
+    warm: &Phase,
+    pooled: Option<&Phase>,
+    build_time: Duration,
+) -> String {
     let mut rows = Vec::new();
     let none = Phase::default();
-    for (name, phase) in [
-        ("cold: first sandbox, holder made too", cold),
-        ("warm: holder already up", warm),
-        ("warm pool (1): hand-out", pooled.unwrap_or(&none)),
+    for (name, phase, target) in [
+        ("cold: a fresh runtime's first sandbox", cold, TARGET_RATIO),
+        ("idle: no other sandbox (holder up)", idle, TARGET_RATIO),
+        ("warm: another sandbox running", warm, TARGET_RATIO),
+        ("warm pool (1): hand-out", pooled.unwrap_or(&none), TARGET_POOL),
     ] {
-        if phase.samples.is_empty() {
-            continue;
+        for kind in Kind::OURS {
+            if phase.of(kind).next().is_none() {
+                continue;
+            }
+            let ratio = phase.ratio_of(kind, Kind::DockerRun);
+            let verdict = match ratio {
+                Some(r) if r <= target => format!("<= {target} ok"),
+                Some(_) => format!("<= {target} MISSED"),
+                None => "-".to_owned(),
+            };
+            let extra = |f: fn(&Sample) -> Option<Duration>| {
+                median(&phase.of(kind).filter_map(f).map(ms).collect::<Vec<_>>())
+            };
+            let spec = if kind == Kind::Sandbox { "plain" } else { "full" };
+            rows.push(vec![
+                name.to_owned(),
+                spec.to_owned(),
+                ms_cell(median(&phase.totals_ms(Kind::DockerRun))),
+                ms_cell(median(&phase.totals_ms(Kind::DockerApi))),
+                ms_cell(median(&phase.totals_ms(kind))),
+                num(ratio),
+                num(phase.ratio_of(kind, Kind::DockerApi)),
+                verdict,
+                ms_cell(extra(|s| s.second_exec)),
+                ms_cell(extra(|s| s.remove)),
+                format!("{}", phase.of(kind).count()),
+            ]);
         }
-        let ratio = phase.ratio(Kind::DockerRun);
-        let verdict = match ratio {
-            Some(r) if r <= TARGET_RATIO => format!("<= {TARGET_RATIO} ok"),
-            Some(_) => format!("<= {TARGET_RATIO} MISSED"),
-            None => "-".to_owned(),
-        };
-        let extra = |f: fn(&Sample) -> Option<Duration>| {
-            median(&phase.of(Kind::Sandbox).filter_map(f).map(ms).collect::<Vec<_>>())
-        };
-        rows.push(vec![
-            name.to_owned(),
-            ms_cell(median(&phase.totals_ms(Kind::DockerRun))),
-            ms_cell(median(&phase.totals_ms(Kind::DockerApi))),
-            ms_cell(median(&phase.totals_ms(Kind::Sandbox))),
-            num(ratio),
-            num(phase.ratio(Kind::DockerApi)),
-            verdict,
-            ms_cell(extra(|s| s.second_exec)),
-            ms_cell(extra(|s| s.remove)),
-            format!("{}", phase.of(Kind::Sandbox).count()),
-        ]);
     }
     let mut out = render(
         &[
             "phase",
+            "spec",
             "docker run --rm (CLI) ms",
             "engine API create+start+wait+rm ms",
             "create_sandbox + 1st exec ms",
@@ -734,10 +878,11 @@ fn summary_table(cold: &Phase, warm: &Phase, pooled: Option<&Phase>, build_time:
             "rounds",
         ],
         &rows,
-        &[1, 2, 3, 4, 5, 7, 8, 9],
+        &[2, 3, 4, 5, 6, 8, 9, 10],
     );
     out.push_str(&format!(
-        "  medians; ratios are medians of per-round ratios; Runtime::build took {:.0} ms (once, not counted)\n",
+        "  medians; ratios are medians of per-round ratios; the main Runtime::build took {:.0} ms (not counted; \
+         the cold phase builds one per sandbox, untimed)\n",
         ms(build_time)
     ));
     out
@@ -773,7 +918,7 @@ fn phase_stats(phase: &Phase, kind: Kind) -> Vec<(String, f64, f64, usize)> {
 
 /// What each phase covers (the calls between the instant before it and the one that ends it), from the code.
 fn covers(kind: Kind, name: &str) -> &'static str {
-    if kind != Kind::Sandbox {
+    if !kind.is_ours() {
         return match name {
             "container created" => "CLI start, create request",
             "network connected" => "bridge endpoint allocated",
@@ -803,7 +948,7 @@ fn covers(kind: Kind, name: &str) -> &'static str {
         "exec created" => "create exec",
         "exec started" => "start exec (attach)",
         "exec process exited" => "sandboxd run -- true",
-        "first exec returns" => "output drained, inspect exec (20 ms sleeps while running)",
+        "first exec returns" => "output drained, inspect exec (1–20 ms waits while still running)",
         _ => "",
     }
 }
@@ -860,7 +1005,8 @@ fn phase_json(phase: &Phase) -> Value {
         "kinds": kinds,
         "ratio_sandbox_vs_docker_run": phase.ratio(Kind::DockerRun),
         "ratio_sandbox_vs_docker_api": phase.ratio(Kind::DockerApi),
-        "meets_target": phase.ratio(Kind::DockerRun).map(|r| r <= TARGET_RATIO),
+        "ratio_full_spec_vs_docker_run": phase.ratio_of(Kind::SandboxFull, Kind::DockerRun),
+        "ratio_full_spec_vs_docker_api": phase.ratio_of(Kind::SandboxFull, Kind::DockerApi),
     })
 }
 
@@ -893,13 +1039,15 @@ async fn engine_steps(docker: &Docker, pool: ipnet::Ipv4Net, rounds: usize) -> R
     };
     let pid = std::process::id();
     for round in 0..rounds {
-        let subnet =
-            agenthold_sandbox::docker::network::allocate_subnet(docker, pool, &Default::default()).await?;
+        let subnet = agenthold_sandbox::docker::network::allocate_subnet(
+            docker,
+            pool,
+            agenthold_core::config::DEFAULT_SUBNET_PREFIX,
+            &Default::default(),
+        )
+        .await?;
         let network = format!("{REFERENCE_PREFIX}-net-{pid}-{round}");
-        let gateway = {
-            let [a, b, c, _] = subnet.network().octets();
-            std::net::Ipv4Addr::new(a, b, c, 2)
-        };
+        let gateway = agenthold_egress::datapath::gateway_addr(subnet);
         let request = NetworkCreateRequest {
             name: network.clone(),
             driver: Some("bridge".to_owned()),

@@ -53,6 +53,11 @@ impl Column {
     }
 }
 
+/// The allocator the shipped binary uses (`agenthold-server/src/main.rs`), so that the gateway measured
+/// here allocates as the one that ships.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     harness::main("splice", run)
 }
@@ -63,20 +68,13 @@ fn run() -> Result<()> {
         .ok()
         .map_or(Ok(1024), |v| v.parse())?;
     let bytes = mib.max(1) << 20;
-    let runtime = |name: &str| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name(name)
-            .enable_all()
-            .build()
-    };
-    let (upstream_rt, proxy_rt) = (runtime("upstream")?, runtime("proxy")?);
+    let (upstream_rt, proxy_rt) = (harness::runtime("upstream", 2)?, harness::runtime("proxy", 2)?);
     let net = TestNet::new();
     let ns = net.gateway();
     let here = SocketAddr::from((net.gateway_addr(), 0));
     let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
     let ca = TestCa::new();
-    let acceptor = upstream::tls_acceptor(&ca, NAME)?;
+    let acceptor = upstream::tls_acceptor(&ca, &[NAME])?;
     let mut ca_file = tempfile::NamedTempFile::new()?;
     std::io::Write::write_all(&mut ca_file, ca.pem().as_bytes())?;
 

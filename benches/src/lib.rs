@@ -16,20 +16,28 @@
 //! - [`nginx`]: nginx as a realistic HTTPS upstream.
 //! - [`table`]: a plain Markdown table for targets whose columns are not the three routes.
 //! - [`docker_events`]: the Docker engine's event stream as a timeline (the sandbox start benchmark).
-//! - [`harness`]: `main`, waiting for a quiet machine, and `target/`, the same for every target.
+//! - [`dns_cache`]: dnsmasq as the reference DNS cache, and a DNS load whose names never repeat.
+//! - [`harness`]: `main`, the short mode, waiting for a quiet machine, and `target/`, the same for every
+//!   target.
+//! - [`soak`]: the soak benchmark's load process (its connections and upstream, outside the gateway's
+//!   process).
+//! - [`plot`]: SVG plots of the benchmarks' JSON files (the `report` target).
 //!
 //! See `docs/benchmarks.md` for what each number means and the latest results.
 #![forbid(unsafe_code)]
 
 pub mod cpu;
+pub mod dns_cache;
 pub mod docker_events;
 pub mod harness;
 pub mod load;
 pub mod mitm;
 pub mod nginx;
+pub mod plot;
 pub mod proxy;
 pub mod report;
 pub mod setup;
+pub mod soak;
 pub mod table;
 pub mod tls_load;
 pub mod tools;

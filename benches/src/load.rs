@@ -326,22 +326,44 @@ pub fn dns_queries(
     if queries.is_empty() {
         bail!("no names to query");
     }
+    let mut next_name = 0usize;
+    dns_query_loop(server, window, duration, |packet, id| {
+        packet.clear();
+        packet.extend_from_slice(&queries[next_name % queries.len()]);
+        packet[..2].copy_from_slice(&id.to_be_bytes());
+        next_name += 1;
+        Ok(())
+    })
+}
+
+/// The load loop of [`dns_queries`] and of `dns_cache::unique_queries`: `window` queries outstanding on one
+/// connected UDP socket for `duration`, each one's bytes written by `next_query(packet, id)` (the id is
+/// free among the outstanding ones), answers matched by id and checked (NOERROR, at least one answer);
+/// queries unanswered after 500 ms count as errors and are replaced.
+///
+/// # Errors
+/// When no query at all was answered, or the socket or `next_query` fails.
+pub(crate) fn dns_query_loop(
+    server: SocketAddr,
+    window: usize,
+    duration: Duration,
+    mut next_query: impl FnMut(&mut Vec<u8>, u16) -> Result<()>,
+) -> Result<Outcome> {
     let socket = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
     socket.connect(server)?;
     socket.set_read_timeout(Some(Duration::from_millis(20)))?;
     let mut outstanding: HashMap<u16, Instant> = HashMap::with_capacity(window * 2);
-    let (mut next_id, mut next_name) = (0u16, 0usize);
+    let mut next_id = 0u16;
     let (mut answered, mut errors) = (0u64, 0u64);
-    let mut send = |outstanding: &mut HashMap<u16, Instant>| -> io::Result<()> {
+    let mut packet = Vec::with_capacity(128);
+    let mut send = |outstanding: &mut HashMap<u16, Instant>| -> Result<()> {
         while outstanding.contains_key(&next_id) {
             next_id = next_id.wrapping_add(1);
         }
-        let mut packet = queries[next_name % queries.len()].clone();
-        packet[..2].copy_from_slice(&next_id.to_be_bytes());
+        next_query(&mut packet, next_id)?;
         socket.send(&packet)?;
         outstanding.insert(next_id, Instant::now());
         next_id = next_id.wrapping_add(1);
-        next_name += 1;
         Ok(())
     };
     let start = Instant::now();

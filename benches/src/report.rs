@@ -53,6 +53,22 @@ pub struct Metric {
     pub busy: [Vec<f64>; 3],
     /// Remarks printed under the table (`direct columns shared with …`).
     pub note: Option<String>,
+    /// CPU µs per operation of each run, per route (rate metrics; empty when not measured).
+    pub cpu: [CpuPerOp; 3],
+}
+
+/// CPU time per operation (request, connection, query) of one route's runs, in µs: the gateway's threads,
+/// the upstream's threads and the whole machine (busy CPUs × run time / operations). What is left of the
+/// machine's share (machine − gateway − upstream) is the client, the kernel work charged to none of them,
+/// and anything else running.
+#[derive(Debug, Clone, Default)]
+pub struct CpuPerOp {
+    /// The gateway's threads, per run.
+    pub gateway: Vec<f64>,
+    /// The upstream's threads, per run.
+    pub upstream: Vec<f64>,
+    /// The whole machine, per run.
+    pub machine: Vec<f64>,
 }
 
 impl Metric {
@@ -67,6 +83,51 @@ impl Metric {
             errors: [0; 3],
             busy: Default::default(),
             note: None,
+            cpu: Default::default(),
+        }
+    }
+
+    /// Records the CPU µs per operation of one run on `route` (gateway threads, upstream threads, machine).
+    pub fn push_cpu(&mut self, route: Route, gateway: f64, upstream: f64, machine: f64) {
+        let cpu = &mut self.cpu[route.index()];
+        cpu.gateway.push(gateway);
+        cpu.upstream.push(upstream);
+        cpu.machine.push(machine);
+    }
+
+    /// One line on the CPU µs per operation of every measured route (medians), if any was measured.
+    pub fn cpu_line(&self) -> Option<String> {
+        let us = |v: &[f64]| median(v).map_or_else(|| "-".to_owned(), |m| format!("{m:.1}"));
+        let parts: Vec<String> = Route::ALL
+            .into_iter()
+            .filter(|r| !self.cpu[r.index()].machine.is_empty())
+            .map(|r| {
+                let c = &self.cpu[r.index()];
+                let rest: Vec<f64> = c
+                    .machine
+                    .iter()
+                    .zip(&c.gateway)
+                    .zip(&c.upstream)
+                    .map(|((m, g), u)| m - g - u)
+                    .collect();
+                format!(
+                    "{}: machine {}, gateway {}, upstream {}, client and the rest {}",
+                    r.key(),
+                    us(&c.machine),
+                    us(&c.gateway),
+                    us(&c.upstream),
+                    us(&rest)
+                )
+            })
+            .collect();
+        (!parts.is_empty()).then(|| format!("CPU µs per {}: {}", self.op_name(), parts.join("; ")))
+    }
+
+    fn op_name(&self) -> &'static str {
+        match self.unit {
+            "conn/s" => "connection",
+            "qps" => "query",
+            _ => "request",
         }
     }
 
@@ -194,6 +255,9 @@ pub fn table(metrics: &[Metric]) -> String {
         if let Some(note) = &m.note {
             let _ = writeln!(out, "    note: {note}");
         }
+        if let Some(cpu) = m.cpu_line() {
+            let _ = writeln!(out, "    {cpu}");
+        }
     }
     out
 }
@@ -212,6 +276,11 @@ pub fn to_json(metrics: &[Metric], settings: &Value) -> Value {
                         "runs": m.runs[route.index()],
                         "errors": m.errors[route.index()],
                         "cpus_busy": m.busy[route.index()],
+                        "cpu_us_per_op": {
+                            "gateway_threads": m.cpu[route.index()].gateway,
+                            "upstream_threads": m.cpu[route.index()].upstream,
+                            "machine": m.cpu[route.index()].machine,
+                        },
                     }),
                 );
             }

@@ -127,14 +127,7 @@ impl Env {
         if !nix_is_root() {
             bail!("needs root (network namespaces, nftables): run `cargo bench` as root or via sudo -E");
         }
-        let runtime = |name: &str, workers: usize| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(workers)
-                .thread_name(name)
-                .enable_all()
-                .build()
-                .with_context(|| format!("start the {name} runtime"))
-        };
+        let runtime = crate::harness::runtime;
         let upstream_rt = runtime("upstream", UPSTREAM_WORKERS)?;
         let gateway_rt = runtime("gateway", GATEWAY_WORKERS)?;
         let gateway_net = TestNet::new();
@@ -142,7 +135,7 @@ impl Env {
 
         // Upstreams: one TLS certificate, the same servers on loopback and in the direct namespace.
         let ca = TestCa::new();
-        let acceptor = upstream::tls_acceptor(&ca, NAME)?;
+        let acceptor = upstream::tls_acceptor(&ca, &[NAME])?;
         let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
         let veth_addr = SocketAddr::from((direct_net.gateway_addr(), 0));
         let direct_ns = direct_net.gateway();
@@ -263,6 +256,11 @@ impl Env {
             Route::DirectVeth => self.veth,
             Route::Gateway => self.through,
         }
+    }
+
+    /// The namespace the direct (veth) route's upstreams run in, across the veth pair from its client.
+    pub fn direct_upstream_ns(&self) -> Option<&NetNs> {
+        self.direct_net.as_ref().map(TestNet::gateway)
     }
 
     /// The agent the gateway serves the sandbox as (for its secrets, its request log).

@@ -118,9 +118,10 @@ pub fn serve_raw(listener: std::net::TcpListener) -> Result<SocketAddr> {
     Ok(addr)
 }
 
-/// A rustls server configuration presenting `ca`'s certificate for `name`, speaking HTTP/1.1 only.
-pub fn tls_acceptor(ca: &agenthold_testsupport::TestCa, name: &str) -> Result<TlsAcceptor> {
-    let (chain, key) = ca.issue(&[name]);
+/// A rustls server configuration presenting one certificate of `ca` for all of `names`, speaking HTTP/1.1
+/// only.
+pub fn tls_acceptor(ca: &agenthold_testsupport::TestCa, names: &[&str]) -> Result<TlsAcceptor> {
+    let (chain, key) = ca.issue(names);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
