@@ -1,16 +1,17 @@
 //! The `Store` conformance suite and crash test (C2).
 //!
 //! The suite is written once, as functions over `&dyn Store`, and instantiated per backend by
-//! `conformance!`: `redb::*` always, `sled::*` with `--features sled`. The crash test (`crash_redb`,
-//! `crash_sled`) re-executes this binary as a writer (`crash::crash_child`), kills it with SIGKILL at random
-//! moments and checks on reopen that nothing acknowledged was lost, corrupted or half-applied.
+//! `conformance!`: `redb::*` always, `sled::*` with `--features sled`, `postgres::*` with `--features
+//! postgres` (against a throwaway PostgreSQL server on loopback, one database per test; `pg.rs`). The crash
+//! test (`crash_redb`, `crash_sled`, `crash_postgres`) re-executes this binary as a writer
+//! (`crash::crash_child`), kills it with SIGKILL at random moments and checks on reopen that nothing
+//! acknowledged was lost, corrupted or half-applied; `crash_postgres_server` kills the database server
+//! instead, mid-batch, and restarts it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
 use std::future::Future;
 use std::path::Path;
-use std::pin::pin;
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::sync::{Arc, OnceLock};
 
 use agenthold_core::Error;
 use agenthold_core::store::{BatchOp, RedbStore, Store};
@@ -29,23 +30,20 @@ fn open_sled(data_dir: &Path) -> agenthold_core::Result<Box<dyn Store>> {
     )?))
 }
 
-/// Run a future to completion on this thread (the stores never wait on anything but the disk).
+/// Run a future to completion on the calling thread, inside the tests' shared tokio runtime (the
+/// PostgreSQL store's connections are tokio tasks; the file stores never wait on anything but the disk).
+/// Must not be called from inside the runtime.
 fn block_on<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut future = pin!(future);
-    loop {
-        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return out;
-        }
-        std::thread::park();
-    }
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+        })
+        .block_on(future)
 }
 
 fn put(table: &str, key: &[u8], value: &[u8]) -> BatchOp {
@@ -66,15 +64,19 @@ fn del(table: &str, key: &[u8]) -> BatchOp {
 // The suite and the crash test live beside this file (`tests/store/`, which cargo does not build on its own).
 #[path = "store/crash.rs"]
 mod crash;
+#[cfg(feature = "postgres")]
+#[path = "store/pg.rs"]
+mod pg;
 #[path = "store/suite.rs"]
 mod suite;
 
 /// Instantiate the suite for one backend.
 macro_rules! conformance {
-    ($backend:ident, $open:path, [$($case:ident),* $(,)?], [$($path_case:ident),* $(,)?]) => {
+    ($backend:ident, $open:path, [$($case:ident),* $(,)?], [$($path_case:ident),* $(,)?], #[$attr:meta]) => {
         mod $backend {
             $(
                 #[test]
+                #[$attr]
                 fn $case() {
                     let dir = tempfile::tempdir().unwrap();
                     let store = $open(dir.path()).unwrap();
@@ -83,6 +85,7 @@ macro_rules! conformance {
             )*
             $(
                 #[test]
+                #[$attr]
                 fn $path_case() {
                     let dir = tempfile::tempdir().unwrap();
                     super::suite::$path_case($open, dir.path());
@@ -93,7 +96,7 @@ macro_rules! conformance {
 }
 
 macro_rules! conformance_all {
-    ($backend:ident, $open:path) => {
+    ($backend:ident, $open:path, [$($path_case:ident),* $(,)?], #[$attr:meta]) => {
         conformance!(
             $backend,
             $open,
@@ -108,18 +111,25 @@ macro_rules! conformance_all {
                 invalid_table_names_rejected,
                 concurrent_writers,
             ],
-            [
-                survives_reopen,
-                second_open_is_an_error,
-                vault_records_bind_their_rules
-            ]
+            [survives_reopen, vault_records_bind_their_rules, $($path_case),*],
+            #[$attr]
         );
     };
 }
 
-conformance_all!(redb, crate::open_redb);
+// A file store is one process's (a second open is refused); a database is shared by design (server
+// replicas), so the PostgreSQL store shows the second handle sees the first one's writes instead.
+// The attribute goes on every test of the backend (`cfg(all())`, always true: none).
+conformance_all!(redb, crate::open_redb, [second_open_is_an_error], #[cfg(all())]);
 #[cfg(feature = "sled")]
-conformance_all!(sled, crate::open_sled);
+conformance_all!(sled, crate::open_sled, [second_open_is_an_error], #[cfg(all())]);
+#[cfg(feature = "postgres")]
+conformance_all!(
+    postgres,
+    crate::pg::open_pg,
+    [second_open_shares_the_data],
+    #[ignore = "needs PostgreSQL (Debian postgresql): run with make test"]
+);
 
 /// The store is usable as a shared trait object (object safety, `Send + Sync`).
 #[test]

@@ -5,6 +5,7 @@
 //! - [`TestNet`]: a sandbox namespace and a gateway namespace joined by veth pairs (one per agent).
 //! - [`EchoServer`] and [`TestCa`]: HTTP/HTTPS upstreams on loopback that answer with what they received.
 //! - [`TestDns`]: an upstream DNS server on loopback that answers from a table and records every query.
+//! - [`TestPostgres`]: a throwaway PostgreSQL server (Debian's `postgresql`) on a loopback port.
 //! - [`standin`]: the model providers' APIs (Anthropic Messages, OpenAI Responses) for the real harnesses.
 //!
 //! Everything binds port 0 and reports the address in use; nothing here sends a packet beyond loopback or
@@ -18,6 +19,7 @@
 mod dns;
 mod echo;
 mod net;
+mod postgres;
 pub mod standin;
 mod tls;
 
@@ -26,6 +28,7 @@ use std::sync::Once;
 pub use dns::{DnsQuery, TestDns, Transport};
 pub use echo::{EchoRequest, EchoServer, UPSTREAM_MARKER};
 pub use net::{TestAgent, TestNet};
+pub use postgres::{PG_PASSWORD, PG_USER, TestPostgres};
 pub use tls::TestCa;
 
 /// Panics with a clear message unless the test runs as root (uid 0).

@@ -1,5 +1,6 @@
 //! Durable key-value storage (C2): the [`Store`] trait, its default implementation on redb
-//! ([`RedbStore`]), and a second one on sled behind the `sled` feature.
+//! ([`RedbStore`]), one in a PostgreSQL database behind the `postgres` feature (`PgStore`), and one on sled
+//! behind the `sled` feature.
 //!
 //! Contract of every implementation:
 //! - Data lives in named tables of byte keys and byte values; a table springs into existence on first write,
@@ -11,10 +12,14 @@
 //! - Table names are 1 to 64 characters of `a-z`, `0-9`, `_` and `-`; anything else is
 //!   [`crate::Error::InvalidId`].
 
+#[cfg(feature = "postgres")]
+mod postgres;
 mod redb;
 #[cfg(feature = "sled")]
 mod sled;
 
+#[cfg(feature = "postgres")]
+pub use self::postgres::{PgOptions, PgStore, SCHEMA_VERSION, is_postgres_url, redact_url};
 pub use self::redb::RedbStore;
 #[cfg(feature = "sled")]
 pub use self::sled::SledStore;

@@ -217,6 +217,8 @@ fn opener(backend: &str) -> Opener {
         "redb" => open_redb,
         #[cfg(feature = "sled")]
         "sled" => super::open_sled,
+        #[cfg(feature = "postgres")]
+        "postgres" => super::pg::open_pg,
         other => panic!("unknown backend {other}"),
     }
 }
@@ -243,7 +245,12 @@ enum Kill {
 /// Run one child writing into `data_dir`, kill it with SIGKILL as `kill` says, and return the complete
 /// `CRASH …` lines it printed.
 fn run_child(backend: &str, child_seed: u64, round: u32, data_dir: &Path, kill: Kill) -> Vec<String> {
-    let mut child = Command::new(std::env::current_exe().unwrap())
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    #[cfg(feature = "postgres")]
+    if backend == "postgres" {
+        command.env(super::pg::SERVER_ENV, super::pg::base_url());
+    }
+    let mut child = command
         .args(["--exact", "crash::crash_child", "--nocapture", "--test-threads=1"])
         .env(
             CHILD_ENV,
@@ -300,6 +307,10 @@ fn run_child(backend: &str, child_seed: u64, round: u32, data_dir: &Path, kill: 
     reader.join().unwrap();
     lines.extend(rx.try_iter());
     let stderr_text = stderr_reader.join().unwrap();
+    #[cfg(feature = "postgres")]
+    if backend == "postgres" {
+        super::pg::wait_for_children_gone();
+    }
     assert_eq!(
         status.signal(),
         Some(9),
@@ -479,4 +490,147 @@ fn crash_redb() {
 #[test]
 fn crash_sled() {
     crash_rounds("sled");
+}
+
+// covers: C2
+#[cfg(feature = "postgres")]
+#[test]
+#[ignore = "needs PostgreSQL (Debian postgresql): run with make test"]
+fn crash_postgres() {
+    crash_rounds("postgres");
+}
+
+/// Kill the PostgreSQL server (all its processes, SIGKILL) while a writer is in the middle of puts,
+/// deletes and batches, restart it, and check with the same store (never reopened): every acknowledged
+/// write present and intact, deleted ones absent, the write in flight all or nothing.
+// covers: C2
+#[cfg(feature = "postgres")]
+#[test]
+#[ignore = "needs PostgreSQL (Debian postgresql): run with make test"]
+fn crash_postgres_server() {
+    use agenthold_core::ErrorKind;
+    use agenthold_core::store::{PgOptions, PgStore, Store};
+    use std::sync::Arc;
+
+    const SERVER_ROUNDS: u32 = 12;
+    let started = Instant::now();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    println!("crash test postgres server: seed {seed}");
+    let mut rng = Rng(seed);
+    let pg = agenthold_testsupport::TestPostgres::start();
+    pg.create_database("crash");
+    let mut options = PgOptions::new(pg.url("crash"));
+    options.password = Some(agenthold_testsupport::PG_PASSWORD.to_owned());
+    options.read_retry = Duration::from_secs(20);
+    let store: Arc<PgStore> = Arc::new(block_on(PgStore::connect(options)).unwrap());
+    let mut model = Model::new();
+    let (mut acked_total, mut applied, mut not_applied) = (0usize, 0u32, 0u32);
+    for round in 0..SERVER_ROUNDS {
+        // The writer: acknowledged changes and the one in flight when the database went away.
+        let writer = {
+            let store = Arc::clone(&store);
+            let mut rng = Rng(rng.next());
+            let live: Vec<(String, String, u32)> = model
+                .iter()
+                .filter_map(|((t, k), s)| s.map(|v| (t.clone(), k.clone(), v)))
+                .collect();
+            std::thread::spawn(move || {
+                let mut live = live;
+                let mut acked: Vec<Vec<Change>> = Vec::new();
+                let mut next = 0u32;
+                loop {
+                    let mut changes: Vec<Change> = Vec::new();
+                    for _ in 0..1 + rng.below(6) {
+                        next += 1;
+                        let table = TABLES[rng.below(2) as usize].to_owned();
+                        changes.push((table, format!("s{round:03}-{next:06}"), Some(0)));
+                    }
+                    if live.len() >= 2 && rng.below(2) == 0 {
+                        let i = rng.below(live.len() as u64) as usize;
+                        let (t, k, v) = live.remove(i);
+                        changes.push((t, k, Some(v + 1)));
+                        let j = rng.below(live.len() as u64) as usize;
+                        let (t, k, _) = live.remove(j);
+                        changes.push((t, k, None));
+                    }
+                    let ops = changes
+                        .iter()
+                        .map(|(t, k, state)| match state {
+                            Some(v) => put(t, k.as_bytes(), &crash_value(t, k, *v)),
+                            None => del(t, k.as_bytes()),
+                        })
+                        .collect();
+                    let result = if changes.len() == 1 {
+                        let (t, k, _) = &changes[0];
+                        block_on(store.put(t, k.as_bytes(), &crash_value(t, k, 0)))
+                    } else {
+                        block_on(store.batch(ops))
+                    };
+                    match result {
+                        Ok(()) => {
+                            for (t, k, state) in &changes {
+                                if let Some(v) = state {
+                                    live.push((t.clone(), k.clone(), *v));
+                                }
+                            }
+                            acked.push(changes);
+                        }
+                        Err(e) => {
+                            assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+                            return (acked, changes);
+                        }
+                    }
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_micros(20_000 + rng.below(200_000)));
+        pg.kill();
+        let (acked, in_flight) = writer.join().unwrap();
+        acked_total += acked.len();
+        for changes in acked {
+            for (t, k, state) in changes {
+                model.insert((t, k), state);
+            }
+        }
+        pg.start_again();
+        // The same store, never reopened: its reads retry until the server has recovered.
+        let mut on_disk = BTreeMap::new();
+        for table in TABLES {
+            for (k, v) in block_on(store.scan_prefix(table, b"")).unwrap() {
+                let key = String::from_utf8(k).unwrap();
+                let version = check_crash_value(table, &key, &v).unwrap_or_else(|e| panic!("round {round}: {e}"));
+                on_disk.insert((table.to_owned(), key), version);
+            }
+        }
+        let flags: Vec<bool> = in_flight
+            .iter()
+            .map(|(t, k, state)| on_disk.get(&(t.clone(), k.clone())).copied() == *state)
+            .collect();
+        assert!(
+            flags.iter().all(|a| *a) || flags.iter().all(|a| !*a),
+            "round {round}: in-flight change half applied: {in_flight:?} {flags:?}"
+        );
+        if flags[0] {
+            applied += 1;
+            for (t, k, state) in in_flight {
+                model.insert((t, k), state);
+            }
+        } else {
+            not_applied += 1;
+        }
+        let expected: BTreeMap<(String, String), u32> = model
+            .iter()
+            .filter_map(|(key, state)| state.map(|v| (key.clone(), v)))
+            .collect();
+        assert_eq!(on_disk, expected, "round {round}: the database differs from what was acknowledged");
+    }
+    println!(
+        "crash test postgres server: {SERVER_ROUNDS} server kills in {:.1} s: {acked_total} acknowledged \
+         writes checked; in-flight change applied {applied} / not applied {not_applied} times",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(acked_total >= SERVER_ROUNDS as usize, "too few writes acknowledged: {acked_total}");
 }

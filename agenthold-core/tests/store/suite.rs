@@ -370,6 +370,29 @@ pub(crate) fn second_open_is_an_error(open: Opener, root: &Path) {
     open(root).unwrap();
 }
 
+// covers: C2
+/// Two handles on one database (two server replicas) see each other's writes at once.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn second_open_shares_the_data(open: Opener, root: &Path) {
+    let first = open(root).unwrap();
+    let second = open(root).unwrap();
+    block_on(async {
+        first.put("shared", b"k", b"from first").await.unwrap();
+        assert_eq!(
+            second.get("shared", b"k").await.unwrap().as_deref(),
+            Some(&b"from first"[..])
+        );
+        second
+            .batch(vec![put("shared", b"k", b"from second"), del("shared", b"gone")])
+            .await
+            .unwrap();
+        assert_eq!(
+            first.scan_prefix("shared", b"").await.unwrap(),
+            vec![(b"k".to_vec(), b"from second".to_vec())]
+        );
+    });
+}
+
 /// Sealed secrets kept in this backend (E10, S15): a writer of the store without the master key who
 /// changes the rules stored beside a sealed value, or moves the value to another record, makes it fail to
 /// open; the one-way migration mark survives a reopen.

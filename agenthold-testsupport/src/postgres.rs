@@ -1,0 +1,282 @@
+//! [`TestPostgres`]: a throwaway PostgreSQL server from Debian's `postgresql` package, in a temp directory,
+//! on a loopback port, run as an unprivileged user (initdb refuses root), with password authentication.
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The role every test database belongs to.
+pub const PG_USER: &str = "agenthold";
+/// Its password (the server asks for it: scram-sha-256).
+pub const PG_PASSWORD: &str = "test-only-pg-password-7d1c";
+/// The uid and gid the server runs as when the tests run as root (`nobody`, `nogroup`).
+const UNPRIVILEGED: u32 = 65534;
+/// How long the server may take to start (initdb, recovery after a kill).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A PostgreSQL server that lives as long as this value (or, should the test process die, as long as the
+/// process: a watcher stops it and removes its files when the process's end of a pipe closes).
+pub struct TestPostgres {
+    bin: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    running: Mutex<Option<Running>>,
+}
+
+/// The server process and the watcher that stops it with the test process.
+struct Running {
+    server: Child,
+    watcher: Child,
+}
+
+impl TestPostgres {
+    /// Initialise a new cluster and start it. Panics with what to install when Debian's `postgresql` is
+    /// missing (`make test` installs it).
+    pub fn start() -> Self {
+        let bin = postgres_bin_dir();
+        let dir = std::env::temp_dir().join(format!(
+            "agenthold-pg-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default()
+        ));
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        let pwfile = dir.join("pwfile");
+        std::fs::write(&pwfile, PG_PASSWORD).unwrap();
+        if is_root() {
+            for path in [dir.as_path(), &dir.join("data"), &pwfile] {
+                std::os::unix::fs::chown(path, Some(UNPRIVILEGED), Some(UNPRIVILEGED)).unwrap();
+            }
+        }
+        let out = unprivileged(Command::new(bin.join("initdb")))
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args(["-U", PG_USER, "-A", "scram-sha-256", "-E", "UTF8", "--no-sync", "--no-instructions"])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .env("LC_ALL", "C")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pg = Self {
+            bin,
+            dir,
+            port: free_port(),
+            running: Mutex::new(None),
+        };
+        pg.start_again();
+        pg
+    }
+
+    /// The loopback port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The URL of `database` without the password ([`PG_PASSWORD`] goes separately).
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://{PG_USER}@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// The URL of `database` with the password in it.
+    pub fn url_with_password(&self, database: &str) -> String {
+        format!("postgres://{PG_USER}:{PG_PASSWORD}@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Create `database` (no error when it exists).
+    pub fn create_database(&self, database: &str) {
+        let out = Command::new(self.bin.join("createdb"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", PG_USER, database])
+            .env("PGPASSWORD", PG_PASSWORD)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() || stderr.contains("already exists"),
+            "createdb {database}: {stderr}"
+        );
+    }
+
+    /// Run one SQL statement in `database` with psql and return its output (unaligned, tuples only).
+    pub fn psql(&self, database: &str, sql: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", PG_USER, "-d", database])
+            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
+            .env("PGPASSWORD", PG_PASSWORD)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Kill the server and all its processes with SIGKILL (as a power cut would), and wait until they are
+    /// gone. No-op when it is not running.
+    pub fn kill(&self) {
+        let Some(mut running) = self.running.lock().unwrap().take() else {
+            return;
+        };
+        let pgid = nix::unistd::Pid::from_raw(running.server.id() as i32);
+        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+        let _ = running.server.wait();
+        let _ = running.watcher.kill();
+        let _ = running.watcher.wait();
+        // The server's children (backends) are in its process group: wait until none is left, so that a
+        // restart does not find the old shared memory still attached.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while nix::sys::signal::killpg(pgid, None).is_ok() {
+            assert!(Instant::now() < deadline, "postgres processes outlive SIGKILL");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Start the server (again, after [`TestPostgres::kill`]) and wait until it accepts connections
+    /// (after crash recovery when it was killed). No-op when it is running.
+    pub fn start_again(&self) {
+        let mut running = self.running.lock().unwrap();
+        if running.is_some() {
+            return;
+        }
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .unwrap();
+        if is_root() {
+            std::os::unix::fs::chown(self.dir.join("server.log"), Some(UNPRIVILEGED), Some(UNPRIVILEGED))
+                .unwrap();
+        }
+        let mut command = unprivileged(Command::new(self.bin.join("postgres")));
+        command
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-p", &self.port.to_string(), "-h", "127.0.0.1", "-k"])
+            .arg(&self.dir)
+            .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB", "-c", "fsync=on"])
+            .env("LC_ALL", "C")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            // Its own process group: `kill` reaches the backends too.
+            .process_group(0);
+        let server = command.spawn().unwrap();
+        // The watcher ends the server when the test process dies without dropping this value: its stdin is
+        // a pipe from this process, closed by the kernel when the process ends.
+        let watcher = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "read _ignored; kill -KILL -- -{pid} 2>/dev/null; sleep 1; rm -rf '{dir}'",
+                pid = server.id(),
+                dir = self.dir.display()
+            ))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        *running = Some(Running { server, watcher });
+        drop(running);
+        self.wait_ready();
+    }
+
+    /// Wait until the server accepts connections (`pg_isready`).
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let ready = Command::new(self.bin.join("pg_isready"))
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-t", "1", "-q"])
+                .stdin(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ready {
+                return;
+            }
+            if let Some(running) = self.running.lock().unwrap().as_mut()
+                && let Ok(Some(status)) = running.server.try_wait()
+            {
+                panic!("postgres exited ({status}): {}", self.log_tail());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not accept connections within {START_TIMEOUT:?}: {}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The end of the server's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let bytes = std::fs::read(self.dir.join("server.log")).unwrap_or_default();
+        String::from_utf8_lossy(&bytes[bytes.len().saturating_sub(2000)..]).into_owned()
+    }
+
+    /// The directory holding the cluster and its log.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for TestPostgres {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Debian's server binaries: `$AGENTHOLD_TEST_PG_BIN`, else the newest `/usr/lib/postgresql/*/bin`.
+fn postgres_bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("AGENTHOLD_TEST_PG_BIN") {
+        return PathBuf::from(dir);
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("postgres").exists().then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    match found.pop() {
+        Some((_, bin)) => bin,
+        None => panic!(
+            "PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/postgres): `make test` installs it \
+             (apt-get install postgresql), or set AGENTHOLD_TEST_PG_BIN"
+        ),
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// `command` run as `nobody` when the tests run as root (PostgreSQL refuses root).
+fn unprivileged(mut command: Command) -> Command {
+    if is_root() {
+        command.uid(UNPRIVILEGED).gid(UNPRIVILEGED).env("HOME", "/tmp");
+    }
+    command
+}
+
+/// A loopback TCP port nothing listens on right now.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
