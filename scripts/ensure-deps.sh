@@ -34,6 +34,8 @@ if [ "$mode" = test ]; then
   want dnsmasq dnsmasq-base
   want runsc runsc
   want chromium chromium
+  # PostgreSQL's server binaries are not on PATH: the store tests start one from /usr/lib/postgresql.
+  compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || need_pkgs+=(postgresql)
 fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then

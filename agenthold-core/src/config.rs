@@ -29,6 +29,10 @@ pub use harness_logins::{HarnessLoginsConfig, ProviderLoginConfig};
 /// Prefix of every environment variable that overrides a configuration key.
 pub const ENV_PREFIX: &str = "AGENTHOLD_";
 
+/// The environment variable holding the database password of a `postgres://` [`Config::store`] (read when
+/// the store is opened, never stored; wins over `store_password_file`).
+pub const STORE_PASSWORD_ENV: &str = "AGENTHOLD_STORE_PASSWORD";
+
 /// Where [`EgressConfig::dns_upstream`] looks for a nameserver when `egress.dns_upstream` is empty.
 pub const RESOLV_CONF: &str = "/etc/resolv.conf";
 
@@ -41,6 +45,18 @@ pub struct Config {
     /// `/var/lib/agenthold` when running as root, otherwise `$XDG_DATA_HOME/agenthold` or
     /// `~/.local/share/agenthold` (see [`Config::data_dir`]).
     pub data_dir: PathBuf,
+    /// Where the state lives (agents, users, grants, sealed secrets, tokens, audit, run history): `""` for
+    /// the redb file `<data_dir>/db`, or `postgres://user@host[:port]/database[?sslmode=require]` for a
+    /// PostgreSQL database (needs the `postgres` cargo feature, on in the `agenthold` binary and the Python
+    /// package). The password belongs in `store_password_file` or [`STORE_PASSWORD_ENV`]; one in the URL
+    /// works but is shown as `***` in every message. Default: `""`.
+    pub store: String,
+    /// File holding the database password (a trailing newline is ignored); [`STORE_PASSWORD_ENV`] wins
+    /// when set. An absolute path. Default: `""` (none).
+    pub store_password_file: PathBuf,
+    /// PEM file of CA certificates trusted for the database's TLS (`sslmode=require`), besides the public
+    /// web PKI roots. An absolute path. Default: `""` (none).
+    pub store_ca_file: PathBuf,
     /// The egress gateway.
     pub egress: EgressConfig,
     /// Secret storage.
@@ -613,9 +629,20 @@ impl Config {
     /// involved (the offending one first) and the problem.
     fn validate(&self) -> Result<(), (Vec<String>, String)> {
         let fail = |key: &str, problem: String| Err((vec![key.to_owned()], problem));
+        if !self.store.is_empty() && !crate::store::is_postgres_url(&self.store) {
+            return fail(
+                "store",
+                format!(
+                    "{:?} must be empty (the redb file in data_dir) or a postgres:// URL",
+                    crate::store::redact_url(&self.store)
+                ),
+            );
+        }
         for (key, path) in [
             ("data_dir", &self.data_dir),
             ("secrets.master_key_file", &self.secrets.master_key_file),
+            ("store_password_file", &self.store_password_file),
+            ("store_ca_file", &self.store_ca_file),
         ] {
             if !path.as_os_str().is_empty() && !path.is_absolute() {
                 return fail(

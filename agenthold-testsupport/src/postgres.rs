@@ -23,6 +23,8 @@ pub struct TestPostgres {
     bin: PathBuf,
     dir: PathBuf,
     port: u16,
+    /// Extra `-c` settings of every start (TLS).
+    settings: Vec<String>,
     running: Mutex<Option<Running>>,
 }
 
@@ -36,6 +38,16 @@ impl TestPostgres {
     /// Initialise a new cluster and start it. Panics with what to install when Debian's `postgresql` is
     /// missing (`make test` installs it).
     pub fn start() -> Self {
+        Self::start_inner(None)
+    }
+
+    /// [`TestPostgres::start`] with TLS on (`ssl=on`), presenting a certificate `ca` issues for `localhost`
+    /// and `127.0.0.1`. Clients may still connect in the clear (`sslmode=disable`).
+    pub fn start_tls(ca: &crate::TestCa) -> Self {
+        Self::start_inner(Some(ca))
+    }
+
+    fn start_inner(ca: Option<&crate::TestCa>) -> Self {
         let bin = postgres_bin_dir();
         let dir = std::env::temp_dir().join(format!(
             "agenthold-pg-{}-{}",
@@ -67,10 +79,30 @@ impl TestPostgres {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        let mut settings = Vec::new();
+        if let Some(ca) = ca {
+            let (chain, key) = ca.issue(&["localhost", "127.0.0.1"]);
+            let cert = dir.join("server.crt");
+            let key_file = dir.join("server.key");
+            std::fs::write(&cert, pem("CERTIFICATE", chain[0].as_ref())).unwrap();
+            std::fs::write(&key_file, pem("PRIVATE KEY", key.secret_der())).unwrap();
+            std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+            if is_root() {
+                for path in [&cert, &key_file] {
+                    std::os::unix::fs::chown(path, Some(UNPRIVILEGED), Some(UNPRIVILEGED)).unwrap();
+                }
+            }
+            settings.extend([
+                "ssl=on".to_owned(),
+                format!("ssl_cert_file={}", cert.display()),
+                format!("ssl_key_file={}", key_file.display()),
+            ]);
+        }
         let pg = Self {
             bin,
             dir,
             port: free_port(),
+            settings,
             running: Mutex::new(None),
         };
         pg.start_again();
@@ -167,6 +199,7 @@ impl TestPostgres {
             .args(["-p", &self.port.to_string(), "-h", "127.0.0.1", "-k"])
             .arg(&self.dir)
             .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB", "-c", "fsync=on"])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .env("LC_ALL", "C")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -261,6 +294,19 @@ fn postgres_bin_dir() -> PathBuf {
              (apt-get install postgresql), or set AGENTHOLD_TEST_PG_BIN"
         ),
     }
+}
+
+/// DER bytes as a PEM block.
+fn pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
 }
 
 fn is_root() -> bool {

@@ -28,7 +28,7 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use tokio_postgres::config::SslMode;
 
-use super::{BatchOp, Store, check_table};
+use super::{BatchOp, Store, check_table, is_postgres_url, redact_url};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The schema version this binary creates and understands.
@@ -237,6 +237,15 @@ impl PgStore {
                 format!("postgres {op} ({}): the database cannot be reached", self.shown),
                 e,
             ),
+            ErrorKind::Config if e.as_db_error().is_none() => Error::backend(
+                ErrorKind::Config,
+                format!(
+                    "postgres {op} ({}): TLS with the server fails (is its certificate signed by a public \
+                     root or by store_ca_file, for the URL's host?)",
+                    self.shown
+                ),
+                e,
+            ),
             ErrorKind::Config => Error::backend(
                 ErrorKind::Config,
                 format!("postgres {op} ({}): the server refuses the login or the database", self.shown),
@@ -438,62 +447,14 @@ fn classify(e: &tokio_postgres::Error) -> ErrorKind {
     let text = e.to_string();
     if text.starts_with("error serializing") || text.starts_with("error deserializing") {
         ErrorKind::Storage
+    } else if text.starts_with("error performing TLS handshake") {
+        // The server answers but its certificate is not trusted (or TLS is misconfigured): the
+        // configuration's to fix (`store_ca_file`, `sslmode`), not a passing outage.
+        ErrorKind::Config
     } else {
         // No server answer at all: I/O, closed, timeout, TLS, connect errors.
         ErrorKind::Unavailable
     }
-}
-
-/// Whether `url` is a PostgreSQL URL (the `store` setting's test between the default file and a database).
-#[must_use]
-pub fn is_postgres_url(url: &str) -> bool {
-    url.starts_with("postgres://") || url.starts_with("postgresql://")
-}
-
-/// `url` with the password (in the user part or a `password=` parameter) replaced by `***`, for messages.
-#[must_use]
-pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return redact_params(url);
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let mut out = url[..scheme_end].to_owned();
-    match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
-            match userinfo.find(':') {
-                Some(colon) => {
-                    out.push_str(&userinfo[..colon]);
-                    out.push_str(":***");
-                }
-                None => out.push_str(userinfo),
-            }
-            out.push_str(&authority[at..]);
-        }
-        None => out.push_str(authority),
-    }
-    out.push_str(&redact_params(&rest[authority_end..]));
-    out
-}
-
-/// `password=…` parameters of a query string replaced by `password=***`.
-fn redact_params(text: &str) -> String {
-    let Some(q) = text.find('?') else {
-        return text.to_owned();
-    };
-    let params: Vec<String> = text[q + 1..]
-        .split('&')
-        .map(|p| {
-            if p.to_ascii_lowercase().starts_with("password=") {
-                "password=***".to_owned()
-            } else {
-                p.to_owned()
-            }
-        })
-        .collect();
-    format!("{}?{}", &text[..q], params.join("&"))
 }
 
 /// `text` with the password of `options` (given or in the URL) replaced by `***`: a parser's message may
@@ -558,33 +519,5 @@ mod tests {
         assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
         assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
         assert_eq!(prefix_end(&[0, 0xff, 0xff]), Some(vec![1]));
-    }
-
-    #[test]
-    fn urls_are_shown_without_their_password() {
-        assert_eq!(
-            redact_url("postgres://agent:s3cret@db.internal:5432/agenthold"),
-            "postgres://agent:***@db.internal:5432/agenthold"
-        );
-        assert_eq!(
-            redact_url("postgresql://agent@db/agenthold?sslmode=require&password=s3cret"),
-            "postgresql://agent@db/agenthold?sslmode=require&password=***"
-        );
-        assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
-        assert_eq!(
-            redact_url("postgres://a:p@ss@host/x"),
-            "postgres://a:***@host/x",
-            "an @ inside the password"
-        );
-        assert_eq!(redact_url("not a url ?password=x"), "not a url ?password=***");
-    }
-
-    #[test]
-    fn only_postgres_urls_are_postgres_urls() {
-        assert!(is_postgres_url("postgres://h/d"));
-        assert!(is_postgres_url("postgresql://h/d"));
-        assert!(!is_postgres_url(""));
-        assert!(!is_postgres_url("mysql://h/d"));
-        assert!(!is_postgres_url("/var/lib/agenthold"));
     }
 }

@@ -263,3 +263,36 @@ fn database_away_then_back() {
         assert_eq!(store.scan_prefix("t", b"").await.unwrap().len(), 2);
     });
 }
+
+// covers: C2
+/// `sslmode=require` speaks TLS (rustls) and checks the server's certificate: trusted through the CA
+/// given, refused without it (a configuration error, not an outage); `sslmode=disable` stays in the clear.
+#[test]
+#[ignore = "needs PostgreSQL (Debian postgresql): run with make test"]
+fn tls_when_the_url_asks_for_it() {
+    let ca = agenthold_testsupport::TestCa::new();
+    let pg = TestPostgres::start_tls(&ca);
+    pg.create_database("tls");
+    let url = format!("postgres://{}@localhost:{}/tls", agenthold_testsupport::PG_USER, pg.port());
+    let mut trusted = options(&format!("{url}?sslmode=require"));
+    trusted.ca_pem = Some(ca.pem().into_bytes());
+    let store = block_on(PgStore::connect(trusted)).unwrap();
+    block_on(store.put("t", b"k", b"over tls")).unwrap();
+    // The server says the session is encrypted.
+    let ssl = pg.psql(
+        "tls",
+        "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+         WHERE a.application_name = 'agenthold' AND s.ssl",
+    );
+    assert_ne!(ssl, "0", "the store's connection uses TLS");
+
+    let err = block_on(PgStore::connect(options(&format!("{url}?sslmode=require")))).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(err.to_string().contains("TLS"), "{err}");
+
+    let clear = block_on(PgStore::connect(options(&format!("{url}?sslmode=disable")))).unwrap();
+    assert_eq!(
+        block_on(clear.get("t", b"k")).unwrap().as_deref(),
+        Some(&b"over tls"[..])
+    );
+}

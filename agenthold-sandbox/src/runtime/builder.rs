@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use agenthold_core::policy::EgressPolicy;
 use agenthold_core::secret::{SecretInjector, SecretValue};
-use agenthold_core::store::RedbStore;
 use agenthold_core::{AgentId, Config, MasterKey, Sandbox, Store, Vault};
 use agenthold_egress::{Dangerous, EgressStack};
 use base64::Engine as _;
@@ -42,6 +41,7 @@ enum SandboxSource {
 pub struct RuntimeBuilder {
     config: Option<Config>,
     data_dir: Option<PathBuf>,
+    store_url: Option<String>,
     docker: Option<bollard::Docker>,
     sandbox: SandboxSource,
     policy: Option<Arc<dyn EgressPolicy>>,
@@ -128,6 +128,17 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Keep the state in the store this URL names instead of the configured one (the configuration's
+    /// `store` key): `postgres://user@host[:port]/database`, with the password from
+    /// `AGENTHOLD_STORE_PASSWORD` or the configuration's `store_password_file` (needs the
+    /// `postgres` cargo feature); `""` for the redb file in the data directory. Ignored when
+    /// [`RuntimeBuilder::store`] gives a store.
+    #[must_use]
+    pub fn store_url(mut self, url: impl Into<String>) -> Self {
+        self.store_url = Some(url.into());
+        self
+    }
+
     /// Forward DNS to this server instead of the configured one.
     #[must_use]
     pub fn dns_upstream(mut self, addr: SocketAddr) -> Self {
@@ -180,12 +191,15 @@ impl RuntimeBuilder {
         if let Some(dir) = self.data_dir {
             config.data_dir = dir;
         }
+        if let Some(url) = self.store_url {
+            config.store = url;
+        }
         let data_dir = config.data_dir()?;
         std::fs::create_dir_all(&data_dir)
             .map_err(|e| Error::io(format!("create {}", data_dir.display()), e))?;
         let store: Arc<dyn Store> = match self.store {
             Some(s) => s,
-            None => Arc::new(RedbStore::open_in_data_dir(&data_dir)?),
+            None => agenthold_core::store::open_configured(&config).await?,
         };
         let vault = Arc::new(Vault::new(MasterKey::load_from_env_or_file(
             &config.master_key_file()?,

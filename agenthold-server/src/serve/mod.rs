@@ -33,7 +33,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agenthold_auth::{Directory, RateLimits, RoleAuthz};
-use agenthold_core::store::RedbStore;
 use agenthold_core::vault::MasterKey;
 use agenthold_core::{Config, Store, Vault};
 use agenthold_egress::gateway::Dangerous;
@@ -63,7 +62,8 @@ pub struct Server {
 }
 
 impl Server {
-    /// Build the defaults for `config`: the redb store in the data directory, the Docker runtime with its
+    /// Build the defaults for `config`: the store it names (the redb file in the data directory by default,
+    /// or a PostgreSQL database), the Docker runtime with its
     /// gateway (reconciling the sandboxes a previous server left), the directory and the role authz.
     ///
     /// # Errors
@@ -81,7 +81,9 @@ impl Server {
         // A login provider whose client secret cannot be read fails the start before anything is built.
         providers::Providers::from_config(&config)?;
         let data_dir = config.data_dir()?;
-        let store: Arc<dyn Store> = Arc::new(RedbStore::open_in_data_dir(&data_dir)?);
+        let store = agenthold_core::store::open_configured(&config)
+            .await
+            .context("open the store")?;
         let hook = Arc::new(messages::MessageHook::default());
         let runtime = Runtime::builder()
             .config(config.clone())

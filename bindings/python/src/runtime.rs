@@ -260,7 +260,8 @@ impl NativeRuntime {
     /// previous runtime on the same data directory left running are taken over.
     #[new]
     #[allow(clippy::needless_pass_by_value)] // pyo3 hands arguments over owned
-    #[pyo3(signature = (data_dir=None, dns_upstream=None, dangerous_connect_to=BTreeMap::new(), dangerous_upstream_ca=None, warm_pool=None))]
+    #[pyo3(signature = (data_dir=None, dns_upstream=None, dangerous_connect_to=BTreeMap::new(), dangerous_upstream_ca=None, warm_pool=None, store_url=None))]
+    #[allow(clippy::too_many_arguments)] // one per keyword argument of `Runtime(...)`
     fn new(
         py: Python<'_>,
         data_dir: Option<PathBuf>,
@@ -268,6 +269,7 @@ impl NativeRuntime {
         dangerous_connect_to: BTreeMap<String, String>,
         dangerous_upstream_ca: Option<PathBuf>,
         warm_pool: Option<usize>,
+        store_url: Option<String>,
     ) -> PyResult<Self> {
         let dns = dns_upstream.map(parse_dns_upstream).transpose()?;
         let connect_to = dangerous_connect_to
@@ -302,6 +304,9 @@ impl NativeRuntime {
         }
         if let Some(size) = warm_pool {
             builder = builder.warm_pool(size);
+        }
+        if let Some(url) = store_url {
+            builder = builder.store_url(url);
         }
         let built = py.detach(|| tokio.block_on(builder.build()));
         let runtime = match built {

@@ -7,6 +7,7 @@
 //! - [`runs`]: harness runs with a custom harness (events, replay, cancel, stdin, limits, lost).
 //! - [`crash`]: `kill -9` during a burst of writes; what was acknowledged survives, egress comes back.
 //! - [`harness`]: the real `claude` and `codex` in a sandbox against provider stand-ins.
+//! - [`store_down`]: the server on PostgreSQL while its database goes away and comes back.
 //! - [`login`]: OIDC and GitHub logins against provider stand-ins ([`login_standins`]), invitations, cookies.
 
 mod bad_input;
@@ -34,6 +35,7 @@ mod requests;
 mod runs;
 mod secrets;
 mod smoke;
+mod store_down;
 #[allow(
     dead_code,
     reason = "shared by the server tests; not every test uses every helper"

@@ -9,6 +9,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// `postgres`: every test server keeps its state in its own database of one throwaway PostgreSQL server
+/// (started by the first server of the process) instead of the redb file; `make test` runs the API tests
+/// once each way.
+pub(crate) const STORE_ENV: &str = "AGENTHOLD_TEST_SERVER_STORE";
+
 /// The binary under test.
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_agenthold");
 /// How long a server may take to answer `/healthz` after starting.
@@ -42,7 +47,26 @@ pub(crate) struct TestServer {
     pub(crate) config: PathBuf,
     pub(crate) base: String,
     pub(crate) extra_args: Vec<String>,
+    /// The `postgres://` URL of the server's store (none: the redb file in its data directory).
+    pub(crate) store_url: Option<String>,
     agent: ureq::Agent,
+}
+
+/// The database a new test server uses: none (redb) unless [`STORE_ENV`] is `postgres`, then a new
+/// database in the process's shared PostgreSQL server.
+fn default_store() -> Option<String> {
+    static SERVER: std::sync::OnceLock<agenthold_testsupport::TestPostgres> = std::sync::OnceLock::new();
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    if std::env::var(STORE_ENV).as_deref() != Ok("postgres") {
+        return None;
+    }
+    let pg = SERVER.get_or_init(agenthold_testsupport::TestPostgres::start);
+    let name = format!(
+        "server_{}",
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    pg.create_database(&name);
+    Some(pg.url(&name))
 }
 
 /// A free loopback port.
@@ -62,11 +86,25 @@ impl TestServer {
 
     /// [`TestServer::start_with`] with more keys of the `server` section (`"  public_url: …\n"`).
     pub(crate) fn start_configured(server_keys: &str, extra_yaml: &str, extra_args: &[&str]) -> Self {
+        Self::start_full(server_keys, extra_yaml, extra_args, default_store())
+    }
+
+    /// [`TestServer::start_with`] on the PostgreSQL database `store_url` (its password is
+    /// [`agenthold_testsupport::PG_PASSWORD`], given in the environment).
+    pub(crate) fn start_on_store(store_url: &str, extra_yaml: &str, extra_args: &[&str]) -> Self {
+        Self::start_full("", extra_yaml, extra_args, Some(store_url.to_owned()))
+    }
+
+    fn start_full(server_keys: &str, extra_yaml: &str, extra_args: &[&str], store_url: Option<String>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let config = dir.path().join("config.yaml");
+        let store_line = store_url
+            .as_ref()
+            .map(|url| format!("store: {url}\n"))
+            .unwrap_or_default();
         let yaml = format!(
-            "data_dir: {}\nserver:\n  listen: 127.0.0.1:{port}\n{server_keys}{extra_yaml}",
+            "data_dir: {}\n{store_line}server:\n  listen: 127.0.0.1:{port}\n{server_keys}{extra_yaml}",
             dir.path().join("data").display()
         );
         std::fs::write(&config, yaml).unwrap();
@@ -81,6 +119,7 @@ impl TestServer {
             config,
             base: format!("http://127.0.0.1:{port}"),
             extra_args: extra_args.iter().map(|s| (*s).to_owned()).collect(),
+            store_url,
             agent,
         };
         server.spawn();
@@ -104,7 +143,14 @@ impl TestServer {
             .append(true)
             .open(self.dir.path().join("serve.log"))
             .unwrap();
-        let child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        if self.store_url.is_some() {
+            command.env(
+                agenthold_core::config::STORE_PASSWORD_ENV,
+                agenthold_testsupport::PG_PASSWORD,
+            );
+        }
+        let child = command
             .arg("serve")
             .arg("--config")
             .arg(&self.config)

@@ -45,6 +45,15 @@ impl World {
 
     /// [`World::start`] with `extra_yaml` in the server's configuration.
     pub(crate) fn start_with(extra_yaml: &str) -> Self {
+        Self::start_full(extra_yaml, None)
+    }
+
+    /// [`World::start`] with the server's state in the PostgreSQL database `store_url`.
+    pub(crate) fn start_on_store(store_url: &str) -> Self {
+        Self::start_full("", Some(store_url))
+    }
+
+    fn start_full(extra_yaml: &str, store_url: Option<&str>) -> Self {
         agenthold_testsupport::require_root();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -62,21 +71,23 @@ impl World {
         let ca_path = ca_dir.path().join("upstream-ca.pem");
         std::fs::write(&ca_path, ca.pem()).unwrap();
         let (up, plain) = (https.addr(), http.addr());
-        let server = TestServer::start_with(
-            &format!("egress:\n  dns_upstream: {}\n{extra_yaml}", dns.addr()),
-            &[
-                "--dangerous-connect-to",
-                &format!("{API}:443={up}"),
-                "--dangerous-connect-to",
-                &format!("{OTHER}:443={up}"),
-                "--dangerous-connect-to",
-                &format!("{API}:80={plain}"),
-                "--dangerous-connect-to",
-                &format!("{OTHER}:80={plain}"),
-                "--dangerous-upstream-ca",
-                ca_path.to_str().unwrap(),
-            ],
-        );
+        let yaml = format!("egress:\n  dns_upstream: {}\n{extra_yaml}", dns.addr());
+        let args = [
+            "--dangerous-connect-to",
+            &format!("{API}:443={up}"),
+            "--dangerous-connect-to",
+            &format!("{OTHER}:443={up}"),
+            "--dangerous-connect-to",
+            &format!("{API}:80={plain}"),
+            "--dangerous-connect-to",
+            &format!("{OTHER}:80={plain}"),
+            "--dangerous-upstream-ca",
+            ca_path.to_str().unwrap(),
+        ];
+        let server = match store_url {
+            Some(url) => TestServer::start_on_store(url, &yaml, &args),
+            None => TestServer::start_with(&yaml, &args),
+        };
         let (_, token) = server.user("alice");
         let alice = Auth::Token(token);
         let ws = server.call("POST", "/api/v1/workspaces", &alice, Some(&json!({"name": "w"})));

@@ -195,6 +195,7 @@ class Runtime:
         dangerous_connect_to: Dict[str, str] = ...,
         dangerous_upstream_ca: Optional[Union[str, PathLike[str]]] = None,
         warm_pool: Optional[int] = None,
+        store_url: Optional[str] = None,
     ) -> None: ...
     @property
     def data_dir(self) -> str: ...

@@ -86,6 +86,10 @@ class Runtime:
     for upstream TLS. ``warm_pool`` (default: ``sandbox.warm_pool`` of the configuration, 0) keeps that many
     sandboxes started ahead of time, with no egress until handed out; ``create_sandbox`` with the default
     image and no ``env``, ``secrets`` or limits takes one, which saves the container start.
+    ``store_url`` (default: the configuration's ``store``, the file in ``data_dir``) keeps the state in a
+    PostgreSQL database instead: ``"postgres://user@host:5432/database"``, with the password in the
+    ``AGENTHOLD_STORE_PASSWORD`` environment variable (a password in the URL works too, and is never shown).
+    A database that cannot be reached raises ``EngineError`` naming the URL without its password.
 
     Use it as a context manager, or call ``close()``: that cancels running commands, stops the gateway and
     joins every thread the runtime started. Sandboxes outlive the runtime (a runtime started later on the
@@ -100,6 +104,7 @@ class Runtime:
         dangerous_connect_to: Optional[Mapping[str, str]] = None,
         dangerous_upstream_ca: Optional[StrPath] = None,
         warm_pool: Optional[int] = None,
+        store_url: Optional[str] = None,
     ) -> None:
         native = _native.Runtime(
             _path(data_dir) if data_dir is not None else None,
@@ -107,6 +112,7 @@ class Runtime:
             _connect_to(dangerous_connect_to),
             _path(dangerous_upstream_ca) if dangerous_upstream_ca is not None else None,
             warm_pool,
+            store_url,
         )
         self._native = native
         # close() at garbage collection and at interpreter exit too, so no thread outlives the runtime.
