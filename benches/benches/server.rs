@@ -16,8 +16,12 @@
 //!    interleaved, p50 of each and the difference (what a run adds: its record, the output follower, the
 //!    parser, the second request for the stream). Real Docker sandbox.
 //!
-//! `cargo bench -p agenthold-benches --bench server` (root, Docker running for parts 1 and 5).
-//! `BENCH_ONLY=exec,list,sse,me,run`, `BENCH_SECONDS` (part 4, default 5), `BENCH_ROUNDS` (part 1, default
+//! 6. **exec through the API on each store**: the server of part 1 with its state in the redb file and
+//!    one with its state in PostgreSQL (a throwaway server from Debian's package on loopback), rounds
+//!    interleaved, p50 and p99 of each (issue 15).
+//!
+//! `cargo bench -p agenthold-benches --bench server` (root, Docker running for parts 1, 5 and 6).
+//! `BENCH_ONLY=exec,list,sse,me,run,stores`, `BENCH_SECONDS` (part 4, default 5), `BENCH_ROUNDS` (part 1, default
 //! 200), `BENCH_RUN_ROUNDS` (part 5, default 50).
 // A benchmark's output is its table on stdout.
 #![allow(clippy::print_stdout)]
@@ -71,10 +75,20 @@ struct Running {
 impl Running {
     /// `fake`: the in-memory sandbox runtime instead of Docker.
     async fn start(fake: bool) -> Result<Self> {
+        Self::start_on(fake, None).await
+    }
+
+    /// [`Running::start`] with the state in the PostgreSQL database `store` (its URL and a file holding
+    /// the password) instead of the redb file.
+    async fn start_on(fake: bool, store: Option<(String, std::path::PathBuf)>) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let data_dir = dir.path().join("data");
         let mut config = Config::from_yaml("", Vec::new())?;
         config.data_dir.clone_from(&data_dir);
+        if let Some((url, password_file)) = store {
+            config.store = url;
+            config.store_password_file = password_file;
+        }
         // The benchmark is the only client: no rate limit in its way.
         config.auth.rate_per_user = 0;
         config.auth.rate_per_token = 0;
@@ -245,6 +259,9 @@ async fn run() -> Result<()> {
     if wants("run") {
         rows.extend(run_overhead().await.context("run overhead")?);
     }
+    if wants("stores") {
+        rows.extend(exec_on_stores().await.context("exec on each store")?);
+    }
     println!(
         "{}",
         render(
@@ -258,6 +275,74 @@ async fn run() -> Result<()> {
 
 fn ms(d: f64) -> String {
     format!("{:.2} ms", d * 1e3)
+}
+
+/// Part 6: exec through the API, the server's state on redb vs PostgreSQL, rounds interleaved.
+async fn exec_on_stores() -> Result<Vec<Vec<String>>> {
+    let pg = agenthold_testsupport::TestPostgres::start();
+    pg.create_database("server");
+    let secrets = tempfile::tempdir()?;
+    let password_file = secrets.path().join("pg-password");
+    std::fs::write(&password_file, agenthold_testsupport::PG_PASSWORD)?;
+    let on_redb = Running::start(false).await?;
+    let on_pg = Running::start_on(false, Some((pg.url("server"), password_file))).await?;
+    let body = json!({"argv": ["true"]});
+    let mut targets = Vec::new();
+    for server in [&on_redb, &on_pg] {
+        let (_, token) = server.user("bench").await?;
+        let (agents, agent_id) = server.workspace_with_agent(&token).await?;
+        targets.push((format!("{agents}/{agent_id}/execs"), token, format!("{agents}/{agent_id}")));
+    }
+    for _ in 0..5 {
+        for (server, (execs, token, _)) in [&on_redb, &on_pg].into_iter().zip(&targets) {
+            expect(server.base, "POST", execs, token, Some(&body), 200).await?;
+        }
+    }
+    harness::settle("server");
+    let rounds = env_u64("BENCH_ROUNDS", 200);
+    let mut samples = [Vec::new(), Vec::new()];
+    for _ in 0..rounds {
+        for (i, (server, (execs, token, _))) in [&on_redb, &on_pg].into_iter().zip(&targets).enumerate() {
+            let t = Instant::now();
+            let out = expect(server.base, "POST", execs, token, Some(&body), 200).await?;
+            samples[i].push(t.elapsed().as_secs_f64());
+            if out["exit_code"] != 0 {
+                bail!("exec through the API: {out}");
+            }
+        }
+    }
+    for (server, (_, token, agent)) in [&on_redb, &on_pg].into_iter().zip(&targets) {
+        expect(server.base, "DELETE", agent, token, None, 204).await?;
+    }
+    on_redb.stop().await?;
+    on_pg.stop().await?;
+    let p99 = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get((v.len().saturating_sub(1) as f64 * 0.99).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let (redb, postgres) = (
+        median(&samples[0]).unwrap_or(f64::NAN),
+        median(&samples[1]).unwrap_or(f64::NAN),
+    );
+    Ok(vec![
+        vec![
+            format!("exec through the API, p50 ({rounds} rounds), postgres vs redb store"),
+            ms(postgres),
+            ms(redb),
+            format!("+{}", ms(postgres - redb)),
+            "-".into(),
+        ],
+        vec![
+            "exec through the API, p99, postgres vs redb store".into(),
+            ms(p99(&samples[1])),
+            ms(p99(&samples[0])),
+            format!("+{}", ms(p99(&samples[1]) - p99(&samples[0]))),
+            "-".into(),
+        ],
+    ])
 }
 
 async fn exec_latency() -> Result<Vec<Vec<String>>> {

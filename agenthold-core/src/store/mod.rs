@@ -102,6 +102,8 @@ pub async fn open_configured(config: &crate::Config) -> Result<std::sync::Arc<dy
 #[cfg(feature = "postgres")]
 async fn open_database(config: &crate::Config) -> Result<std::sync::Arc<dyn Store>> {
     let mut options = PgOptions::new(config.store.clone());
+    // The runtime and the server are the only process on their store (docs/scale-out.md).
+    options.exclusive = true;
     options.password = match std::env::var(crate::config::STORE_PASSWORD_ENV) {
         Ok(password) if !password.is_empty() => Some(password),
         _ if !config.store_password_file.as_os_str().is_empty() => {

@@ -59,6 +59,11 @@ pub struct PgOptions {
     pub read_retry: Duration,
     /// Longest time one statement may run on the server (`statement_timeout`). Default: 30 s.
     pub statement_timeout: Duration,
+    /// Claim the database for this process: [`PgStore::connect`] fails with [`ErrorKind::Conflict`] while
+    /// another process holds the claim, and the claim is held (and taken again after the database was
+    /// away) for as long as the store lives. The runtime and the server set it: they assume they are the
+    /// only process on their store (`docs/scale-out.md`). Default: `false`.
+    pub exclusive: bool,
 }
 
 impl PgOptions {
@@ -74,19 +79,119 @@ impl PgOptions {
             wait_timeout: Duration::from_secs(10),
             read_retry: Duration::from_secs(2),
             statement_timeout: Duration::from_secs(30),
+            exclusive: false,
         }
     }
 }
 
 /// A [`Store`] in a PostgreSQL database (see the [module docs](self)). Cheap to share: clones of the
-/// inside are reference-counted, and several processes (server replicas) may use one database at once.
-/// Must be used inside a tokio runtime.
+/// inside are reference-counted. Several stores, in one process or several, may use one database at once
+/// (they see each other's writes); [`PgOptions::exclusive`] claims it for one. Must be used inside a tokio
+/// runtime.
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
     /// The URL without its password, for messages.
     shown: Arc<str>,
     read_retry: Duration,
+    /// The claim on the database ([`PgOptions::exclusive`]), released when the last clone goes.
+    _claim: Option<Arc<Claim>>,
+}
+
+/// Holds the exclusive claim: a task that keeps the connection holding the advisory lock, and takes the
+/// lock again on a new connection when that one broke (the database restarted).
+struct Claim(tokio::task::JoinHandle<()>);
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        // The task owns the connection that holds the lock: aborting it closes the connection, and the
+        // server releases the lock.
+        self.0.abort();
+    }
+}
+
+/// The advisory lock (two-key form: "agnt", 1) that the exclusive claim holds.
+const CLAIM_LOCK: (i32, i32) = (0x6167_6e74, 1);
+
+/// Take the claim lock on a connection of its own, or say who holds it.
+async fn try_claim(pool: &Pool, shown: &str) -> Result<deadpool_postgres::ClientWrapper> {
+    let op = "claim";
+    let pg_error = |e: tokio_postgres::Error| classified(op, shown, e);
+    let client = pool.get().await.map_err(|e| pool_error(op, shown, e))?;
+    let got: bool = client
+        .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&CLAIM_LOCK.0, &CLAIM_LOCK.1])
+        .await
+        .map_err(pg_error)?
+        .get(0);
+    if got {
+        return Ok(deadpool_postgres::Object::take(client));
+    }
+    let holder = client
+        .query_opt(
+            "SELECT coalesce(host(a.client_addr), 'a local socket'), a.pid, a.application_name \
+             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
+               AND l.classid::bigint = $1 AND l.objid::bigint = $2 LIMIT 1",
+            &[&i64::from(CLAIM_LOCK.0), &i64::from(CLAIM_LOCK.1)],
+        )
+        .await
+        .ok()
+        .flatten()
+        .map(|row| {
+            let (addr, pid, app): (String, i32, String) = (row.get(0), row.get(1), row.get(2));
+            format!(" (held by {app:?} connected from {addr}, server process {pid})")
+        })
+        .unwrap_or_default();
+    Err(Error::backend(
+        ErrorKind::Conflict,
+        format!("postgres {op} ({shown})"),
+        format!(
+            "another agenthold process uses this database{holder}: run one server or runtime per \
+             database (docs/scale-out.md)"
+        ),
+    ))
+}
+
+/// A pool error of `op`: the database's error classified, or out of reach (a timeout, a closed pool).
+fn pool_error(op: &str, shown: &str, e: PoolError) -> Error {
+    match e {
+        PoolError::Backend(e) => classified(op, shown, e),
+        other => Error::backend(
+            ErrorKind::Unavailable,
+            format!("postgres {op} ({shown})"),
+            other.to_string(),
+        ),
+    }
+}
+
+/// A database error of `op` as a core error, by [`classify`]: out of reach is [`ErrorKind::Unavailable`],
+/// a refused login, database or TLS handshake [`ErrorKind::Config`], anything else a store error.
+fn classified(op: &str, shown: &str, e: tokio_postgres::Error) -> Error {
+    match classify(&e) {
+        ErrorKind::Unavailable => Error::backend(
+            ErrorKind::Unavailable,
+            format!("postgres {op} ({shown}): the database cannot be reached"),
+            e,
+        ),
+        ErrorKind::Config if e.as_db_error().is_none() => Error::backend(
+            ErrorKind::Config,
+            format!(
+                "postgres {op} ({shown}): TLS with the server fails (is its certificate signed by a public \
+                 root or by store_ca_file, for the URL's host?)"
+            ),
+            e,
+        ),
+        ErrorKind::Config => Error::backend(
+            ErrorKind::Config,
+            format!("postgres {op} ({shown}): the server refuses the login or the database"),
+            e,
+        ),
+        _ => Error::Store {
+            backend: "postgres",
+            op: format!("{op} ({shown})"),
+            source: Box::new(e),
+        },
+    }
 }
 
 impl std::fmt::Debug for PgStore {
@@ -99,10 +204,12 @@ impl PgStore {
     /// Connect to the database at `options.url`, check it answers, and create or check the schema.
     ///
     /// # Errors
-    /// [`ErrorKind::Config`] for a URL that does not parse or asks for something unsupported, or a CA that
-    /// does not parse; [`ErrorKind::Unavailable`] when the server cannot be reached or refuses the login;
-    /// [`ErrorKind::Storage`] when the schema is newer than this binary's or cannot be created. Every message
-    /// names the URL without its password.
+    /// [`ErrorKind::Config`] for a URL that does not parse, a CA that does not parse, a login, database or
+    /// server certificate the server or the client refuses; [`ErrorKind::Unavailable`] when the server
+    /// cannot be reached;
+    /// [`ErrorKind::Storage`] when the schema is newer than this binary's or cannot be created;
+    /// [`ErrorKind::Conflict`] when [`PgOptions::exclusive`] is set and another process holds the claim.
+    /// Every message names the URL without its password.
     pub async fn connect(options: PgOptions) -> Result<Self> {
         let shown: Arc<str> = redact_url(&options.url).into();
         let config_error = |problem: String| Error::Config {
@@ -149,11 +256,15 @@ impl PgStore {
             .recycle_timeout(Some(options.connect_timeout))
             .build()
             .map_err(|e| config_error(format!("connection pool: {e}")))?;
-        let store = Self {
+        let mut store = Self {
             pool,
             shown,
             read_retry: options.read_retry,
+            _claim: None,
         };
+        if options.exclusive {
+            store._claim = Some(Arc::new(store.claim().await?));
+        }
         store.migrate().await?;
         tracing::debug!(url = %store.shown, "postgres store opened");
         Ok(store)
@@ -218,45 +329,41 @@ impl PgStore {
 
     /// A connection from the pool.
     async fn client(&self, op: &str) -> Result<deadpool_postgres::Object> {
-        self.pool.get().await.map_err(|e| match e {
-            PoolError::Backend(e) => self.error(op, e),
-            other => Error::backend(
-                ErrorKind::Unavailable,
-                format!("postgres {op} ({})", self.shown),
-                other.to_string(),
-            ),
-        })
+        self.pool.get().await.map_err(|e| pool_error(op, &self.shown, e))
     }
 
-    /// Classify a database error: the database out of reach is [`ErrorKind::Unavailable`], a login or a
-    /// database the server refuses is [`ErrorKind::Config`], anything else a store error.
+    /// A database error of `op`, classified.
     fn error(&self, op: &str, e: tokio_postgres::Error) -> Error {
-        match classify(&e) {
-            ErrorKind::Unavailable => Error::backend(
-                ErrorKind::Unavailable,
-                format!("postgres {op} ({}): the database cannot be reached", self.shown),
-                e,
-            ),
-            ErrorKind::Config if e.as_db_error().is_none() => Error::backend(
-                ErrorKind::Config,
-                format!(
-                    "postgres {op} ({}): TLS with the server fails (is its certificate signed by a public \
-                     root or by store_ca_file, for the URL's host?)",
-                    self.shown
-                ),
-                e,
-            ),
-            ErrorKind::Config => Error::backend(
-                ErrorKind::Config,
-                format!("postgres {op} ({}): the server refuses the login or the database", self.shown),
-                e,
-            ),
-            _ => Error::Store {
-                backend: "postgres",
-                op: format!("{op} ({})", self.shown),
-                source: Box::new(e),
-            },
-        }
+        classified(op, &self.shown, e)
+    }
+
+    /// Hold the claim on the database from now on (see [`PgOptions::exclusive`]).
+    async fn claim(&self) -> Result<Claim> {
+        let first = try_claim(&self.pool, &self.shown).await?;
+        let (pool, shown) = (self.pool.clone(), Arc::clone(&self.shown));
+        Ok(Claim(tokio::spawn(async move {
+            let mut held = Some(first);
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if held.as_ref().is_some_and(|c| !c.is_closed()) {
+                    continue;
+                }
+                if held.take().is_some() {
+                    tracing::warn!(url = %shown, "the connection holding the claim on the database broke");
+                }
+                match try_claim(&pool, &shown).await {
+                    Ok(client) => {
+                        tracing::info!(url = %shown, "the claim on the database is held again");
+                        held = Some(client);
+                    }
+                    Err(e) if e.kind() == ErrorKind::Conflict => {
+                        tracing::error!(url = %shown, error = %e, "another process took the database");
+                        tokio::time::sleep(Duration::from_secs(10)).await;
+                    }
+                    Err(_) => {} // still away: try again in a second
+                }
+            }
+        })))
     }
 
     /// Run a read, retrying with backoff while the database cannot be reached, for up to `read_retry`.

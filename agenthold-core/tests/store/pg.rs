@@ -296,3 +296,48 @@ fn tls_when_the_url_asks_for_it() {
         Some(&b"over tls"[..])
     );
 }
+
+// covers: C2
+/// An exclusive store (what the runtime and the server open) claims the database: a second exclusive
+/// open is refused with Conflict and says who holds it, a plain store still opens, and the claim goes
+/// with the store (and is taken again after the database restarted).
+#[test]
+#[ignore = "needs PostgreSQL (Debian postgresql): run with make test"]
+fn an_exclusive_store_claims_the_database() {
+    let pg = TestPostgres::start();
+    pg.create_database("claim");
+    let exclusive = || {
+        let mut o = options(&pg.url("claim"));
+        o.exclusive = true;
+        o
+    };
+    let first = block_on(PgStore::connect(exclusive())).unwrap();
+    let err = block_on(PgStore::connect(exclusive())).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    let text = format!("{err} {:?}", std::error::Error::source(&err));
+    assert!(text.contains("another agenthold process") && text.contains("agenthold"), "{text}");
+    block_on(PgStore::connect(options(&pg.url("claim")))).unwrap();
+
+    // Restarted database: the first store takes its claim again.
+    pg.kill();
+    pg.start_again();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while pg.psql("claim", "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted") != "1" {
+        assert!(Instant::now() < deadline, "the claim is not taken again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let err = block_on(PgStore::connect(exclusive())).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match block_on(PgStore::connect(exclusive())) {
+            Ok(_) => break,
+            Err(e) if e.kind() == ErrorKind::Conflict && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("the claim is not released with the store: {e}"),
+        }
+    }
+}
