@@ -50,10 +50,13 @@ audit:
 	@command -v cargo-audit >/dev/null || $(CARGO) install cargo-audit --locked --quiet
 	if [ -d "$(ADVISORY_DB)" ]; then $(CARGO) audit --db $(ADVISORY_DB) --no-fetch --stale; else $(CARGO) audit; fi
 
-## unit: every Rust test, including the ones marked #[ignore] because they need root, Docker or nftables.
+## unit: every Rust test, including the ones marked #[ignore] because they need root, Docker, nftables or
+## PostgreSQL (the store's conformance and crash tests start a throwaway one), then the server's API tests
+## again with every test server's state in PostgreSQL instead of the redb file.
 unit: harness-image
 	$(CARGO) test --workspace -- --include-ignored
 	$(CARGO) test -p agenthold-core --features sled -- --include-ignored
+	AGENTHOLD_TEST_SERVER_STORE=postgres $(CARGO) test -p agenthold-server --test integration -- --include-ignored serve::
 
 ## api-fuzz: schemathesis against a real server (scripts/api-fuzz.sh, about a minute): no 5xx, and every
 ## answer (status, content type, body) as /api/v1/openapi.json describes it. Uses the binary `unit` built.
@@ -129,7 +132,7 @@ browser-test: deps-dev ui
 ## Takes about an hour (the soak alone 10 minutes); a bench that fails does not stop the others, the target
 ## fails at the end. `make bench-short` (or BENCH_SHORT=1 make bench): every bench in its quick mode
 ## (fewest rounds and seconds; the soak 1,000 connections for one minute), about 15 minutes. BENCHES=… picks.
-BENCHES ?= egress intercept splice sandbox_start server density soak
+BENCHES ?= egress intercept splice sandbox_start server store density soak
 bench: bench-deps
 	@failed=""; for b in $(BENCHES); do \
 	  if [ ! -f benches/benches/$$b.rs ]; then echo "make bench: no bench $$b, skipped" >&2; continue; fi; \
@@ -150,6 +153,7 @@ bench-deps: deps-dev
 	@need=""; \
 	for t in wrk:wrk nginx:nginx-light curl:curl dnsmasq:dnsmasq-base; do command -v $${t%%:*} >/dev/null 2>&1 || need="$$need $${t#*:}"; done; \
 	python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need="$$need python3-venv"; \
+	compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || need="$$need postgresql"; \
 	if [ -n "$$need" ]; then echo "bench-deps: installing$$need" >&2; apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need >/dev/null; fi
 	$(CARGO) run -q -p agenthold-server -- image build-dev

@@ -68,7 +68,16 @@ impl TestPostgres {
         let out = unprivileged(Command::new(bin.join("initdb")))
             .arg("-D")
             .arg(dir.join("data"))
-            .args(["-U", PG_USER, "-A", "scram-sha-256", "-E", "UTF8", "--no-sync", "--no-instructions"])
+            .args([
+                "-U",
+                PG_USER,
+                "-A",
+                "scram-sha-256",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ])
             .arg(format!("--pwfile={}", pwfile.display()))
             .env("LC_ALL", "C")
             .stdin(Stdio::null())
@@ -121,13 +130,24 @@ impl TestPostgres {
 
     /// The URL of `database` with the password in it.
     pub fn url_with_password(&self, database: &str) -> String {
-        format!("postgres://{PG_USER}:{PG_PASSWORD}@127.0.0.1:{}/{database}", self.port)
+        format!(
+            "postgres://{PG_USER}:{PG_PASSWORD}@127.0.0.1:{}/{database}",
+            self.port
+        )
     }
 
     /// Create `database` (no error when it exists).
     pub fn create_database(&self, database: &str) {
         let out = Command::new(self.bin.join("createdb"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", PG_USER, database])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                PG_USER,
+                database,
+            ])
             .env("PGPASSWORD", PG_PASSWORD)
             .stdin(Stdio::null())
             .output()
@@ -142,7 +162,16 @@ impl TestPostgres {
     /// Run one SQL statement in `database` with psql and return its output (unaligned, tuples only).
     pub fn psql(&self, database: &str, sql: &str) -> String {
         let out = Command::new(self.bin.join("psql"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", PG_USER, "-d", database])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                PG_USER,
+                "-d",
+                database,
+            ])
             .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
             .env("PGPASSWORD", PG_PASSWORD)
             .stdin(Stdio::null())
@@ -189,8 +218,12 @@ impl TestPostgres {
             .open(self.dir.join("server.log"))
             .unwrap();
         if is_root() {
-            std::os::unix::fs::chown(self.dir.join("server.log"), Some(UNPRIVILEGED), Some(UNPRIVILEGED))
-                .unwrap();
+            std::os::unix::fs::chown(
+                self.dir.join("server.log"),
+                Some(UNPRIVILEGED),
+                Some(UNPRIVILEGED),
+            )
+            .unwrap();
         }
         let mut command = unprivileged(Command::new(self.bin.join("postgres")));
         command
@@ -198,7 +231,14 @@ impl TestPostgres {
             .arg(self.dir.join("data"))
             .args(["-p", &self.port.to_string(), "-h", "127.0.0.1", "-k"])
             .arg(&self.dir)
-            .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB", "-c", "fsync=on"])
+            .args([
+                "-c",
+                "max_connections=300",
+                "-c",
+                "shared_buffers=32MB",
+                "-c",
+                "fsync=on",
+            ])
             .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .env("LC_ALL", "C")
             .stdin(Stdio::null())

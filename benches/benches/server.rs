@@ -291,7 +291,11 @@ async fn exec_on_stores() -> Result<Vec<Vec<String>>> {
     for server in [&on_redb, &on_pg] {
         let (_, token) = server.user("bench").await?;
         let (agents, agent_id) = server.workspace_with_agent(&token).await?;
-        targets.push((format!("{agents}/{agent_id}/execs"), token, format!("{agents}/{agent_id}")));
+        targets.push((
+            format!("{agents}/{agent_id}/execs"),
+            token,
+            format!("{agents}/{agent_id}"),
+        ));
     }
     for _ in 0..5 {
         for (server, (execs, token, _)) in [&on_redb, &on_pg].into_iter().zip(&targets) {

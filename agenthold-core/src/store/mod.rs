@@ -85,7 +85,9 @@ pub trait Store: Send + Sync {
 /// [`STORE_PASSWORD_ENV`]: crate::config::STORE_PASSWORD_ENV
 pub async fn open_configured(config: &crate::Config) -> Result<std::sync::Arc<dyn Store>> {
     if config.store.is_empty() {
-        return Ok(std::sync::Arc::new(RedbStore::open_in_data_dir(config.data_dir()?)?));
+        return Ok(std::sync::Arc::new(RedbStore::open_in_data_dir(
+            config.data_dir()?,
+        )?));
     }
     if !is_postgres_url(&config.store) {
         return Err(Error::Config {
@@ -247,7 +249,6 @@ fn redact_params(text: &str) -> String {
         .collect();
     format!("{}?{}", &text[..q], params.join("&"))
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -35,7 +35,7 @@ use crate::error::{Error, ErrorKind, Result};
 pub const SCHEMA_VERSION: i32 = 1;
 
 /// Key of the advisory lock held while the schema is checked and created (any fixed number: "agentho").
-const SCHEMA_LOCK: i64 = 0x6167_656e_7468_6f;
+const SCHEMA_LOCK: i64 = 0x0061_6765_6e74_686f;
 
 /// How a [`PgStore`] connects and how long it waits. Every field has a default, stated on it.
 #[derive(Debug, Clone)]
@@ -119,7 +119,10 @@ async fn try_claim(pool: &Pool, shown: &str) -> Result<deadpool_postgres::Client
     let pg_error = |e: tokio_postgres::Error| classified(op, shown, e);
     let client = pool.get().await.map_err(|e| pool_error(op, shown, e))?;
     let got: bool = client
-        .query_one("SELECT pg_try_advisory_lock($1, $2)", &[&CLAIM_LOCK.0, &CLAIM_LOCK.1])
+        .query_one(
+            "SELECT pg_try_advisory_lock($1, $2)",
+            &[&CLAIM_LOCK.0, &CLAIM_LOCK.1],
+        )
         .await
         .map_err(pg_error)?
         .get(0);
@@ -196,7 +199,9 @@ fn classified(op: &str, shown: &str, e: tokio_postgres::Error) -> Error {
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgStore").field("url", &self.shown).finish_non_exhaustive()
+        f.debug_struct("PgStore")
+            .field("url", &self.shown)
+            .finish_non_exhaustive()
     }
 }
 
@@ -221,13 +226,19 @@ impl PgStore {
                 "not a PostgreSQL URL (postgres://user@host:port/database)".into(),
             ));
         }
-        let mut pg = tokio_postgres::Config::from_str(&options.url)
-            .map_err(|e| config_error(format!("does not parse: {}", redact_text(&e.to_string(), &options))))?;
+        let mut pg = tokio_postgres::Config::from_str(&options.url).map_err(|e| {
+            config_error(format!(
+                "does not parse: {}",
+                redact_text(&e.to_string(), &options)
+            ))
+        })?;
         if let Some(password) = &options.password {
             pg.password(password.as_bytes());
         }
         if pg.get_dbname().is_none() {
-            return Err(config_error("names no database (postgres://user@host/DATABASE)".into()));
+            return Err(config_error(
+                "names no database (postgres://user@host/DATABASE)".into(),
+            ));
         }
         pg.connect_timeout(options.connect_timeout);
         if pg.get_application_name().is_none() {
@@ -245,7 +256,11 @@ impl PgStore {
             SslMode::Disable => Manager::from_config(pg, tokio_postgres::NoTls, manager_config),
             _ => {
                 let tls = tls_config(options.ca_pem.as_deref()).map_err(config_error)?;
-                Manager::from_config(pg, tokio_postgres_rustls::MakeRustlsConnect::new(tls), manager_config)
+                Manager::from_config(
+                    pg,
+                    tokio_postgres_rustls::MakeRustlsConnect::new(tls),
+                    manager_config,
+                )
             }
         };
         let pool = Pool::builder(manager)
@@ -376,7 +391,10 @@ impl PgStore {
         let mut pause = Duration::from_millis(25);
         loop {
             match attempt().await {
-                Err(e) if e.kind() == ErrorKind::Unavailable && tokio::time::Instant::now() + pause < deadline => {
+                Err(e)
+                    if e.kind() == ErrorKind::Unavailable
+                        && tokio::time::Instant::now() + pause < deadline =>
+                {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(500));
                 }
@@ -415,7 +433,10 @@ impl PgStore {
     async fn try_put(&self, table: &str, key: &[u8], value: &[u8]) -> Result<()> {
         let op = "put";
         let client = self.client(op).await?;
-        let stmt = client.prepare_cached(UPSERT).await.map_err(|e| self.error(op, e))?;
+        let stmt = client
+            .prepare_cached(UPSERT)
+            .await
+            .map_err(|e| self.error(op, e))?;
         client
             .execute(&stmt, &[&table, &key, &value])
             .await
@@ -426,7 +447,10 @@ impl PgStore {
     async fn try_delete(&self, table: &str, key: &[u8]) -> Result<bool> {
         let op = "delete";
         let client = self.client(op).await?;
-        let stmt = client.prepare_cached(DELETE).await.map_err(|e| self.error(op, e))?;
+        let stmt = client
+            .prepare_cached(DELETE)
+            .await
+            .map_err(|e| self.error(op, e))?;
         let n = client
             .execute(&stmt, &[&table, &key])
             .await
@@ -470,9 +494,7 @@ impl PgStore {
         let delete = txn.prepare_cached(DELETE).await.map_err(|e| self.error(op, e))?;
         for item in ops {
             match item {
-                BatchOp::Put { table, key, value } => {
-                    txn.execute(&upsert, &[table, key, value]).await
-                }
+                BatchOp::Put { table, key, value } => txn.execute(&upsert, &[table, key, value]).await,
                 BatchOp::Delete { table, key } => txn.execute(&delete, &[table, key]).await,
             }
             .map_err(|e| self.error(op, e))?;
@@ -571,7 +593,10 @@ fn redact_text(text: &str, options: &PgOptions) -> String {
     let from_url = tokio_postgres::Config::from_str(&options.url)
         .ok()
         .and_then(|c| c.get_password().map(<[u8]>::to_vec));
-    for secret in [options.password.clone().map(String::into_bytes), from_url].into_iter().flatten() {
+    for secret in [options.password.clone().map(String::into_bytes), from_url]
+        .into_iter()
+        .flatten()
+    {
         if let Ok(secret) = String::from_utf8(secret)
             && !secret.is_empty()
         {

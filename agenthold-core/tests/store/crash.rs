@@ -601,7 +601,8 @@ fn crash_postgres_server() {
         for table in TABLES {
             for (k, v) in block_on(store.scan_prefix(table, b"")).unwrap() {
                 let key = String::from_utf8(k).unwrap();
-                let version = check_crash_value(table, &key, &v).unwrap_or_else(|e| panic!("round {round}: {e}"));
+                let version =
+                    check_crash_value(table, &key, &v).unwrap_or_else(|e| panic!("round {round}: {e}"));
                 on_disk.insert((table.to_owned(), key), version);
             }
         }
@@ -625,12 +626,18 @@ fn crash_postgres_server() {
             .iter()
             .filter_map(|(key, state)| state.map(|v| (key.clone(), v)))
             .collect();
-        assert_eq!(on_disk, expected, "round {round}: the database differs from what was acknowledged");
+        assert_eq!(
+            on_disk, expected,
+            "round {round}: the database differs from what was acknowledged"
+        );
     }
     println!(
         "crash test postgres server: {SERVER_ROUNDS} server kills in {:.1} s: {acked_total} acknowledged \
          writes checked; in-flight change applied {applied} / not applied {not_applied} times",
         started.elapsed().as_secs_f64()
     );
-    assert!(acked_total >= SERVER_ROUNDS as usize, "too few writes acknowledged: {acked_total}");
+    assert!(
+        acked_total >= SERVER_ROUNDS as usize,
+        "too few writes acknowledged: {acked_total}"
+    );
 }

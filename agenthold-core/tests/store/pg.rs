@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use agenthold_core::store::{PgOptions, PgStore, SCHEMA_VERSION, Store};
 use agenthold_core::ErrorKind;
+use agenthold_core::store::{PgOptions, PgStore, SCHEMA_VERSION, Store};
 use agenthold_testsupport::{PG_PASSWORD, TestPostgres};
 
 use super::{block_on, put};
@@ -29,7 +29,10 @@ pub(crate) fn wait_for_children_gone() {
         &format!("SELECT count(*) FROM pg_stat_activity WHERE application_name = '{CHILD_APPLICATION}'"),
     ) != "0"
     {
-        assert!(Instant::now() < deadline, "a killed child's connection stays open");
+        assert!(
+            Instant::now() < deadline,
+            "a killed child's connection stays open"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -122,7 +125,9 @@ fn schema_is_versioned_and_a_newer_one_is_refused() {
     let url = fresh_database("schema");
     block_on(async {
         // Eight stores open the new database at once: one creates the schema, all succeed.
-        let opens: Vec<_> = (0..8).map(|_| tokio::spawn(PgStore::connect(options(&url)))).collect();
+        let opens: Vec<_> = (0..8)
+            .map(|_| tokio::spawn(PgStore::connect(options(&url))))
+            .collect();
         for open in opens {
             open.await.unwrap().unwrap();
         }
@@ -140,7 +145,10 @@ fn schema_is_versioned_and_a_newer_one_is_refused() {
     let err = block_on(PgStore::connect(options(&url))).unwrap_err();
     let text = err.to_string() + &format!("{:?}", std::error::Error::source(&err));
     assert_eq!(err.kind(), ErrorKind::Storage, "{text}");
-    assert!(text.contains("newer") && text.contains("upgrade agenthold"), "{text}");
+    assert!(
+        text.contains("newer") && text.contains("upgrade agenthold"),
+        "{text}"
+    );
     assert_eq!(pg.psql(name, "SELECT count(*) FROM agenthold_kv"), "0");
 }
 
@@ -167,7 +175,9 @@ fn connect_errors_name_the_url_without_the_password() {
             "not a PostgreSQL URL",
         ),
         (
-            PgOptions::new(format!("postgres://agenthold:{secret}@127.0.0.1:{closed_port}/x?bogus=1")),
+            PgOptions::new(format!(
+                "postgres://agenthold:{secret}@127.0.0.1:{closed_port}/x?bogus=1"
+            )),
             ErrorKind::Config,
             "does not parse",
         ),
@@ -199,10 +209,7 @@ fn connect_errors_name_the_url_without_the_password() {
         assert_eq!(err.kind(), kind, "{}: {text}", options.url);
         assert!(text.contains(says), "{}: {text}", options.url);
         assert!(!text.contains(secret), "the password leaks: {text}");
-        assert!(
-            text.contains("127.0.0.1"),
-            "the message names the server: {text}"
-        );
+        assert!(text.contains("127.0.0.1"), "the message names the server: {text}");
         assert!(
             started.elapsed() < Duration::from_secs(15),
             "bounded by the connect timeout"
@@ -228,10 +235,7 @@ fn database_away_then_back() {
     let err = block_on(store.put("t", b"during", b"2")).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(!format!("{err:?}").contains(PG_PASSWORD));
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "a write fails fast"
-    );
+    assert!(started.elapsed() < Duration::from_secs(3), "a write fails fast");
     let err = block_on(store.batch(vec![put("t", b"b", b"3")])).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     let started = Instant::now();
@@ -257,7 +261,10 @@ fn database_away_then_back() {
         Err(e) => assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}"),
     }
     block_on(async {
-        assert_eq!(store.get("t", b"before").await.unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(
+            store.get("t", b"before").await.unwrap().as_deref(),
+            Some(&b"1"[..])
+        );
         assert_eq!(store.get("t", b"during").await.unwrap(), None);
         store.put("t", b"after", b"4").await.unwrap();
         assert_eq!(store.scan_prefix("t", b"").await.unwrap().len(), 2);
@@ -273,7 +280,11 @@ fn tls_when_the_url_asks_for_it() {
     let ca = agenthold_testsupport::TestCa::new();
     let pg = TestPostgres::start_tls(&ca);
     pg.create_database("tls");
-    let url = format!("postgres://{}@localhost:{}/tls", agenthold_testsupport::PG_USER, pg.port());
+    let url = format!(
+        "postgres://{}@localhost:{}/tls",
+        agenthold_testsupport::PG_USER,
+        pg.port()
+    );
     let mut trusted = options(&format!("{url}?sslmode=require"));
     trusted.ca_pem = Some(ca.pem().into_bytes());
     let store = block_on(PgStore::connect(trusted)).unwrap();
@@ -315,14 +326,21 @@ fn an_exclusive_store_claims_the_database() {
     let err = block_on(PgStore::connect(exclusive())).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
     let text = format!("{err} {:?}", std::error::Error::source(&err));
-    assert!(text.contains("another agenthold process") && text.contains("agenthold"), "{text}");
+    assert!(
+        text.contains("another agenthold process") && text.contains("agenthold"),
+        "{text}"
+    );
     block_on(PgStore::connect(options(&pg.url("claim")))).unwrap();
 
     // Restarted database: the first store takes its claim again.
     pg.kill();
     pg.start_again();
     let deadline = Instant::now() + Duration::from_secs(15);
-    while pg.psql("claim", "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted") != "1" {
+    while pg.psql(
+        "claim",
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+    ) != "1"
+    {
         assert!(Instant::now() < deadline, "the claim is not taken again");
         std::thread::sleep(Duration::from_millis(100));
     }

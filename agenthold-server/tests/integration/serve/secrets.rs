@@ -454,10 +454,8 @@ fn attachments_survive_a_restart_and_lagging_ones_are_applied_again() {
     // A server killed between storing a change and applying it: the attachment's revision is behind.
     // The next start applies the set again.
     world.server.kill9();
-    let data_dir = world.server.data_dir();
     tokio::runtime::Runtime::new().unwrap().block_on(async {
-        use agenthold_core::Store as _;
-        let store = agenthold_core::store::RedbStore::open_in_data_dir(&data_dir).unwrap();
+        let store = world.server.open_store().await;
         let bytes = store
             .get("srv_agent_secrets", agent.as_bytes())
             .await

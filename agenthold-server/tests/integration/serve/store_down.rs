@@ -25,23 +25,33 @@ fn database_down_while_serving() {
 
     pg.kill();
     let started = Instant::now();
-    let r = world.server.call(
+    let write = world.server.call(
         "POST",
         "/api/v1/workspaces",
         &world.alice,
         Some(&json!({"name": "while-down"})),
     );
-    assert_eq!(r.status, 503, "a write while the database is down: {:?}", r.body);
-    assert_eq!(r.body["code"], "unavailable", "{:?}", r.body);
-    assert!(r.content_type.starts_with("application/problem+json"));
+    assert_eq!(
+        write.status, 503,
+        "a write while the database is down: {:?}",
+        write.body
+    );
+    assert_eq!(write.body["code"], "unavailable", "{:?}", write.body);
+    assert!(write.content_type.starts_with("application/problem+json"));
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "a write fails fast ({:?})",
         started.elapsed()
     );
-    let r = world.server.call("GET", &world.path("/agents"), &world.alice, None);
-    assert_eq!(r.status, 503, "a read while the database is down: {:?}", r.body);
-    for reply in [&r] {
+    let read = world
+        .server
+        .call("GET", &world.path("/agents"), &world.alice, None);
+    assert_eq!(
+        read.status, 503,
+        "a read while the database is down: {:?}",
+        read.body
+    );
+    for reply in [&write, &read] {
         let text = String::from_utf8_lossy(&reply.raw);
         assert!(!text.contains(PG_PASSWORD), "the password in an answer: {text}");
     }
@@ -68,7 +78,9 @@ fn database_down_while_serving() {
         std::thread::sleep(Duration::from_millis(200));
     };
     assert_eq!(r.status, 201, "a write after the database is back: {:?}", r.body);
-    let r = world.server.call("GET", &world.path("/agents"), &world.alice, None);
+    let r = world
+        .server
+        .call("GET", &world.path("/agents"), &world.alice, None);
     assert_eq!(r.status, 200, "{:?}", r.body);
     assert!(r.raw.windows(agent.len()).any(|w| w == agent.as_bytes()));
     assert_eq!(world.curl(&agent, API, "/after"), 200);

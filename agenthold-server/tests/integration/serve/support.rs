@@ -52,15 +52,31 @@ pub(crate) struct TestServer {
     agent: ureq::Agent,
 }
 
+/// The PostgreSQL server behind `url`: the shared one (a server started with its own is read through the
+/// shared one's binaries, on the URL's port).
+fn shared_or_own_postgres(url: &str) -> &'static agenthold_testsupport::TestPostgres {
+    let pg = shared_postgres();
+    assert!(
+        url.contains(&format!(":{}/", pg.port())),
+        "store_at_rest reads the shared PostgreSQL server only"
+    );
+    pg
+}
+
+/// The PostgreSQL server of this process's test servers ([`STORE_ENV`]).
+fn shared_postgres() -> &'static agenthold_testsupport::TestPostgres {
+    static SERVER: std::sync::OnceLock<agenthold_testsupport::TestPostgres> = std::sync::OnceLock::new();
+    SERVER.get_or_init(agenthold_testsupport::TestPostgres::start)
+}
+
 /// The database a new test server uses: none (redb) unless [`STORE_ENV`] is `postgres`, then a new
 /// database in the process's shared PostgreSQL server.
 fn default_store() -> Option<String> {
-    static SERVER: std::sync::OnceLock<agenthold_testsupport::TestPostgres> = std::sync::OnceLock::new();
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     if std::env::var(STORE_ENV).as_deref() != Ok("postgres") {
         return None;
     }
-    let pg = SERVER.get_or_init(agenthold_testsupport::TestPostgres::start);
+    let pg = shared_postgres();
     let name = format!(
         "server_{}",
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -95,7 +111,12 @@ impl TestServer {
         Self::start_full("", extra_yaml, extra_args, Some(store_url.to_owned()))
     }
 
-    fn start_full(server_keys: &str, extra_yaml: &str, extra_args: &[&str], store_url: Option<String>) -> Self {
+    fn start_full(
+        server_keys: &str,
+        extra_yaml: &str,
+        extra_args: &[&str],
+        store_url: Option<String>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let config = dir.path().join("config.yaml");
@@ -134,6 +155,39 @@ impl TestServer {
     /// The data directory.
     pub(crate) fn data_dir(&self) -> PathBuf {
         self.dir.path().join("data")
+    }
+
+    /// The server's store, opened beside it (the server stopped, for a file store): to read or change
+    /// records as a writer of the store would. Call inside a tokio runtime.
+    pub(crate) async fn open_store(&self) -> std::sync::Arc<dyn agenthold_core::Store> {
+        match &self.store_url {
+            Some(url) => {
+                let mut options = agenthold_core::store::PgOptions::new(url.clone());
+                options.password = Some(agenthold_testsupport::PG_PASSWORD.to_owned());
+                std::sync::Arc::new(agenthold_core::store::PgStore::connect(options).await.unwrap())
+            }
+            None => std::sync::Arc::new(
+                agenthold_core::store::RedbStore::open_in_data_dir(self.data_dir()).unwrap(),
+            ),
+        }
+    }
+
+    /// Every byte the store holds, as it is at rest: the redb file, or every key and value of the
+    /// database's table (non-printable bytes escaped), to search for what must not be there in the clear.
+    pub(crate) fn store_at_rest(&self) -> Vec<u8> {
+        match &self.store_url {
+            Some(url) => {
+                let database = url.rsplit('/').next().unwrap_or_default();
+                shared_or_own_postgres(url)
+                    .psql(
+                        database,
+                        "SELECT string_agg(encode(key, 'escape') || ' ' || encode(value, 'escape'), ' ') \
+                         FROM agenthold_kv",
+                    )
+                    .into_bytes()
+            }
+            None => std::fs::read(self.data_dir().join("db")).unwrap(),
+        }
     }
 
     /// (Re)start the process on the same data directory and wait for `/healthz`.

@@ -177,8 +177,8 @@ fn webhooks_are_shown_once_managed_by_admins_and_die_with_rotation_deletion_and_
     }
     let text = serde_json::to_string(&list.body).unwrap();
     assert!(!text.contains(secret) && !text.contains(&plain_path[7..]));
-    // The redb file (`db` in the data directory).
-    let store = vec![std::fs::read(f.server.data_dir().join("db")).unwrap()];
+    // The store at rest (the redb file, or the database's table).
+    let store = vec![f.server.store_at_rest()];
     for bytes in &store {
         let hay = String::from_utf8_lossy(bytes);
         assert!(!hay.contains(secret), "the secret is in the store in the clear");
