@@ -471,6 +471,8 @@ fn every_key_has_a_variable() {
     let vars = Config::environment_variables().unwrap();
     for (var, key) in [
         ("AGENTHOLD_DATA_DIR", "data_dir"),
+        ("AGENTHOLD_STORE", "store"),
+        ("AGENTHOLD_STORE_PASSWORD_FILE", "store_password_file"),
         ("AGENTHOLD_EGRESS_PROXY_PORT", "egress.proxy_port"),
         ("AGENTHOLD_EGRESS_IDLE_TIMEOUT_SECS", "egress.idle_timeout_secs"),
         ("AGENTHOLD_SECRETS_MASTER_KEY_FILE", "secrets.master_key_file"),
@@ -488,7 +490,8 @@ fn every_key_has_a_variable() {
         .count();
     // Two of its own, nine per provider (Claude, ChatGPT).
     assert_eq!(harness_logins, 2 + 2 * 9);
-    assert_eq!(vars.len(), 1 + 26 + 1 + 8 + 2 + 6 + 5 + 5 + harness_logins);
+    // data_dir, the store's three keys, then egress, secrets, sandbox, server, auth, its providers.
+    assert_eq!(vars.len(), 1 + 3 + 26 + 1 + 8 + 2 + 6 + 5 + 5 + harness_logins);
     for key in [
         "auth.oidc.issuer",
         "auth.oidc.scopes",
@@ -791,4 +794,60 @@ fn client_secret_files_are_read_and_errors_name_the_key() {
     std::fs::write(&path, " \n").unwrap();
     let (_, problem) = config_error(read_client_secret("auth.oidc.client_secret_file", &path));
     assert!(problem.ends_with("is empty"), "{problem}");
+}
+
+// covers: E17, C2
+/// `store` is empty (the redb file) or a PostgreSQL URL; anything else fails naming the key, and a
+/// password in a refused value is not repeated. The password and CA files must be absolute paths.
+#[test]
+fn store_is_a_postgres_url_or_empty() {
+    let config = Config::from_yaml(
+        "store: postgres://agenthold@db.internal:5432/agenthold?sslmode=require\n\
+         store_password_file: /etc/agenthold/db-password\n",
+        no_env(),
+    )
+    .unwrap();
+    assert_eq!(
+        config.store,
+        "postgres://agenthold@db.internal:5432/agenthold?sslmode=require"
+    );
+    assert!(Config::from_yaml("", no_env()).unwrap().store.is_empty());
+    let problem = fails_on("store: mysql://root:hunter2@db/x\n", "store");
+    assert!(problem.contains("postgres://"), "{problem}");
+    assert!(!problem.contains("hunter2"), "{problem}");
+    fails_on("store_password_file: db-password\n", "store_password_file");
+    fails_on("store_ca_file: ca.pem\n", "store_ca_file");
+    let (key, problem) = config_error(Config::from_yaml(
+        "",
+        env(&[("AGENTHOLD_STORE", "sqlite:///tmp/x")]),
+    ));
+    assert_eq!(key, "AGENTHOLD_STORE", "{problem}");
+}
+
+// covers: C2
+/// A PostgreSQL store in a build without the `postgres` feature is a configuration error that says what
+/// to build, never a silent fallback to the file.
+#[cfg(not(feature = "postgres"))]
+#[test]
+fn a_postgres_store_needs_the_feature() {
+    let config = Config::from_yaml(
+        "store: postgres://u:pw-x@h/d\ndata_dir: /nonexistent-agenthold\n",
+        no_env(),
+    )
+    .unwrap();
+    let err = block_on_now(agenthold_core::store::open_configured(&config))
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(err.kind(), agenthold_core::ErrorKind::Config);
+    assert!(err.to_string().contains("feature `postgres`"), "{err}");
+    assert!(!err.to_string().contains("pw-x"), "{err}");
+}
+
+/// Poll a future that never waits on anything (the feature check answers at once).
+#[cfg(not(feature = "postgres"))]
+fn block_on_now<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(future)
 }

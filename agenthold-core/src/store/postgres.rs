@@ -9,7 +9,8 @@
 //!
 //! Durability: every write is one transaction committed with `synchronous_commit = on` (set on every
 //! connection, whatever the server's default), so an acknowledged write is on the server's disk. A batch is
-//! one transaction. A prefix scan is a range query on the primary key (`bytea` compares bytewise, the
+//! one statement (one round trip, one transaction): its operations collapsed to the last one per key, the
+//! deletes and the upserts of one `WITH … DELETE … INSERT … ON CONFLICT`. A prefix scan is a range query on the primary key (`bytea` compares bytewise, the
 //! store's key order).
 //!
 //! When the database cannot be reached, calls fail with [`ErrorKind::Unavailable`] (the server answers 503):
@@ -21,6 +22,7 @@
 //! The password is never part of a message: errors and logs name the URL with its password replaced by
 //! `***`.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -488,24 +490,56 @@ impl PgStore {
 
     async fn try_batch(&self, ops: &[BatchOp]) -> Result<()> {
         let op = "batch";
-        let mut client = self.client(op).await?;
-        let txn = client.transaction().await.map_err(|e| self.error(op, e))?;
-        let upsert = txn.prepare_cached(UPSERT).await.map_err(|e| self.error(op, e))?;
-        let delete = txn.prepare_cached(DELETE).await.map_err(|e| self.error(op, e))?;
+        // Applying the operations in order leaves each key as its last operation says: collapse them to
+        // that, then write everything with one statement (one round trip, atomic like any statement).
+        let mut last: BTreeMap<(&str, &[u8]), Option<&[u8]>> = BTreeMap::new();
         for item in ops {
             match item {
-                BatchOp::Put { table, key, value } => txn.execute(&upsert, &[table, key, value]).await,
-                BatchOp::Delete { table, key } => txn.execute(&delete, &[table, key]).await,
-            }
-            .map_err(|e| self.error(op, e))?;
+                BatchOp::Put { table, key, value } => {
+                    last.insert((table.as_str(), key.as_slice()), Some(value.as_slice()))
+                }
+                BatchOp::Delete { table, key } => last.insert((table.as_str(), key.as_slice()), None),
+            };
         }
-        txn.commit().await.map_err(|e| self.error(op, e))
+        let (mut gone_tables, mut gone_keys) = (Vec::new(), Vec::new());
+        let (mut tables, mut keys, mut values) = (Vec::new(), Vec::new(), Vec::new());
+        for ((table, key), value) in last {
+            match value {
+                Some(value) => {
+                    tables.push(table);
+                    keys.push(key);
+                    values.push(value);
+                }
+                None => {
+                    gone_tables.push(table);
+                    gone_keys.push(key);
+                }
+            }
+        }
+        let client = self.client(op).await?;
+        let stmt = client
+            .prepare_cached(BATCH)
+            .await
+            .map_err(|e| self.error(op, e))?;
+        client
+            .execute(&stmt, &[&gone_tables, &gone_keys, &tables, &keys, &values])
+            .await
+            .map_err(|e| self.error(op, e))?;
+        Ok(())
     }
 }
 
 const UPSERT: &str = "INSERT INTO agenthold_kv (tbl, key, value) VALUES ($1, $2, $3) \
                       ON CONFLICT (tbl, key) DO UPDATE SET value = EXCLUDED.value";
 const DELETE: &str = "DELETE FROM agenthold_kv WHERE tbl = $1 AND key = $2";
+/// A whole batch: the keys whose last operation deletes them ($1, $2), and those it sets ($3-$5); the
+/// two sets are disjoint, so the delete and the upsert of one statement never touch the same row.
+const BATCH: &str = "WITH gone AS (\
+                         DELETE FROM agenthold_kv k USING unnest($1::text[], $2::bytea[]) AS d(tbl, key) \
+                         WHERE k.tbl = d.tbl AND k.key = d.key) \
+                     INSERT INTO agenthold_kv (tbl, key, value) \
+                     SELECT * FROM unnest($3::text[], $4::bytea[], $5::bytea[]) \
+                     ON CONFLICT (tbl, key) DO UPDATE SET value = EXCLUDED.value";
 
 #[async_trait::async_trait]
 impl Store for PgStore {

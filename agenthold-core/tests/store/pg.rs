@@ -359,3 +359,57 @@ fn an_exclusive_store_claims_the_database() {
         }
     }
 }
+
+// covers: C2, E17
+/// What `store:` in the configuration opens: the database, with the password from `store_password_file`
+/// (a trailing newline ignored), claimed for this process; a password file that cannot be read or is empty
+/// is a configuration error naming the key.
+#[test]
+#[ignore = "needs PostgreSQL (Debian postgresql): run with make test"]
+fn the_configured_store_reads_its_password_file() {
+    let url = fresh_database("configured");
+    let dir = tempfile::tempdir().unwrap();
+    let password_file = dir.path().join("pw");
+    std::fs::write(&password_file, format!("{PG_PASSWORD}\n")).unwrap();
+    let yaml = |file: &Path| {
+        format!(
+            "data_dir: {}\nstore: {url}\nstore_password_file: {}\n",
+            dir.path().join("data").display(),
+            file.display()
+        )
+    };
+    let config = agenthold_core::Config::from_yaml(&yaml(&password_file), Vec::new()).unwrap();
+    let store = block_on(agenthold_core::store::open_configured(&config)).unwrap();
+    block_on(store.put("t", b"k", b"v")).unwrap();
+    assert!(
+        !dir.path().join("data").join("db").exists(),
+        "no redb file beside a database store"
+    );
+    // Claimed: a second runtime or server on the same database is refused.
+    let err = block_on(agenthold_core::store::open_configured(&config))
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    drop(store);
+
+    for (file, says) in [
+        (dir.path().join("missing"), "cannot be read"),
+        (
+            {
+                let empty = dir.path().join("empty");
+                std::fs::write(&empty, "\n").unwrap();
+                empty
+            },
+            "is empty",
+        ),
+    ] {
+        let config = agenthold_core::Config::from_yaml(&yaml(&file), Vec::new()).unwrap();
+        match block_on(agenthold_core::store::open_configured(&config)).map(drop) {
+            Err(agenthold_core::Error::Config { key, problem }) => {
+                assert_eq!(key, "store_password_file");
+                assert!(problem.contains(says), "{problem}");
+            }
+            other => panic!("{file:?}: {other:?}"),
+        }
+    }
+}
