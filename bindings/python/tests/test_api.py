@@ -22,7 +22,8 @@ def test_exception_hierarchy() -> None:
 
 def test_runtime_signature() -> None:
     params = inspect.signature(agenthold.Runtime).parameters
-    assert list(params) == ["data_dir", "dns_upstream", "dangerous_connect_to", "dangerous_upstream_ca", "warm_pool"]
+    assert list(params) == ["data_dir", "dns_upstream", "dangerous_connect_to", "dangerous_upstream_ca", "warm_pool",
+                            "store_url"]
     assert all(p.default is None for p in params.values())
     sig = inspect.signature(agenthold.Runtime.create_sandbox).parameters
     assert list(sig)[1:] == ["image", "policy", "secrets", "env", "cpus", "memory", "pids"]

@@ -10,6 +10,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator, Tuple
@@ -30,13 +31,14 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[str, Path]]:
+def postgres() -> Iterator[Tuple[str, Path]]:
     """A throwaway PostgreSQL with database `py`: its URL (no password in it) and its binaries' dir."""
     bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
     if not bins:
         pytest.fail("PostgreSQL is not installed (make test installs Debian's postgresql)")
     bindir = Path(bins[-1]).parent
-    root = tmp_path_factory.mktemp("pg")
+    # Straight under /tmp: pytest's own temp dirs are private to root, and the server runs as nobody.
+    root = Path(tempfile.mkdtemp(prefix="agenthold-pytest-pg-"))
     data = root / "data"
     data.mkdir()
     pwfile = root / "pwfile"
@@ -47,9 +49,10 @@ def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tuple[str, Pa
             os.chown(p, NOBODY, NOBODY)
         as_nobody = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
     env = dict(os.environ, LC_ALL="C", HOME="/tmp")
-    subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", PG_USER, "-A", "scram-sha-256",
-                    f"--pwfile={pwfile}", "--no-sync", "--no-instructions"],
-                   check=True, capture_output=True, env=env, **as_nobody)
+    init = subprocess.run([str(bindir / "initdb"), "-D", str(data), "-U", PG_USER, "-A", "scram-sha-256",
+                           f"--pwfile={pwfile}", "--no-sync", "--no-instructions"],
+                          capture_output=True, text=True, env=env, **as_nobody)
+    assert init.returncode == 0, f"initdb failed: {init.stderr}"
     port = _free_port()
     log = open(root / "server.log", "ab")
     server = subprocess.Popen([str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1",

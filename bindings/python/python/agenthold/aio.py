@@ -110,6 +110,7 @@ class Runtime:
         dangerous_connect_to: Optional[Mapping[str, str]] = None,
         dangerous_upstream_ca: Optional[StrPath] = None,
         warm_pool: Optional[int] = None,
+        store_url: Optional[str] = None,
     ) -> None:
         self._args = dict(
             data_dir=data_dir,
@@ -117,6 +118,7 @@ class Runtime:
             dangerous_connect_to=dangerous_connect_to,
             dangerous_upstream_ca=dangerous_upstream_ca,
             warm_pool=warm_pool,
+            store_url=store_url,
         )
         self._sync: Optional[_runtime.Runtime] = None
         self._lock: Optional[asyncio.Lock] = None
