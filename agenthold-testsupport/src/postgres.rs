@@ -136,22 +136,19 @@ impl TestPostgres {
         )
     }
 
+    /// `program` (a client of the server's package: createdb, psql) pointed at the server as [`PG_USER`].
+    fn client(&self, program: &str) -> Command {
+        let mut command = Command::new(self.bin.join(program));
+        command
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", PG_USER])
+            .env("PGPASSWORD", PG_PASSWORD)
+            .stdin(Stdio::null());
+        command
+    }
+
     /// Create `database` (no error when it exists).
     pub fn create_database(&self, database: &str) {
-        let out = Command::new(self.bin.join("createdb"))
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                PG_USER,
-                database,
-            ])
-            .env("PGPASSWORD", PG_PASSWORD)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
+        let out = self.client("createdb").arg(database).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success() || stderr.contains("already exists"),
@@ -161,20 +158,19 @@ impl TestPostgres {
 
     /// Run one SQL statement in `database` with psql and return its output (unaligned, tuples only).
     pub fn psql(&self, database: &str, sql: &str) -> String {
-        let out = Command::new(self.bin.join("psql"))
+        let out = self
+            .client("psql")
             .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                PG_USER,
                 "-d",
                 database,
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                sql,
             ])
-            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
-            .env("PGPASSWORD", PG_PASSWORD)
-            .stdin(Stdio::null())
             .output()
             .unwrap();
         assert!(

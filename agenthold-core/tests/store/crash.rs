@@ -352,29 +352,15 @@ fn check_store(
     round: u32,
 ) -> Option<bool> {
     let store = open(data_dir).unwrap_or_else(|e| panic!("round {round}: reopen failed: {e}"));
-    let mut on_disk = BTreeMap::new();
-    for table in TABLES {
-        for (k, v) in block_on(store.scan_prefix(table, b"")).unwrap() {
-            let key = String::from_utf8(k).unwrap();
-            let version = check_crash_value(table, &key, &v).unwrap_or_else(|e| panic!("round {round}: {e}"));
-            on_disk.insert((table.to_owned(), key), version);
-        }
-    }
+    let on_disk = read_records(&*store, round);
     let applied = in_flight.map(|changes| {
-        let applied: Vec<bool> = changes
-            .iter()
-            .map(|(t, k, state)| on_disk.get(&(t.clone(), k.clone())).copied() == *state)
-            .collect();
-        assert!(
-            applied.iter().all(|a| *a) || applied.iter().all(|a| !*a),
-            "round {round}: in-flight change half applied: {changes:?} applied {applied:?}"
-        );
-        if applied[0] {
+        let applied = in_flight_applied(&on_disk, changes, round);
+        if applied {
             for (t, k, state) in changes {
                 model.insert((t.clone(), k.clone()), *state);
             }
         }
-        applied[0]
+        applied
     });
     let expected: BTreeMap<(String, String), u32> = model
         .iter()
@@ -401,6 +387,33 @@ fn check_store(
         assert_eq!(check_crash_value(t, k, &value), Ok(*version));
     }
     applied
+}
+
+/// Every record of the crash tables, checked intact: `(table, key)` to its version.
+fn read_records(store: &dyn agenthold_core::store::Store, round: u32) -> BTreeMap<(String, String), u32> {
+    let mut on_disk = BTreeMap::new();
+    for table in TABLES {
+        for (k, v) in block_on(store.scan_prefix(table, b"")).unwrap() {
+            let key = String::from_utf8(k).unwrap();
+            let version = check_crash_value(table, &key, &v).unwrap_or_else(|e| panic!("round {round}: {e}"));
+            on_disk.insert((table.to_owned(), key), version);
+        }
+    }
+    on_disk
+}
+
+/// Whether the change in flight when the writer died is in `on_disk`: wholly (true) or not at all (false);
+/// half of it fails the test.
+fn in_flight_applied(on_disk: &BTreeMap<(String, String), u32>, changes: &[Change], round: u32) -> bool {
+    let applied: Vec<bool> = changes
+        .iter()
+        .map(|(t, k, state)| on_disk.get(&(t.clone(), k.clone())).copied() == *state)
+        .collect();
+    assert!(
+        applied.iter().all(|a| *a) || applied.iter().all(|a| !*a),
+        "round {round}: in-flight change half applied: {changes:?} applied {applied:?}"
+    );
+    applied[0]
 }
 
 fn crash_rounds(backend: &str) {
@@ -597,24 +610,9 @@ fn crash_postgres_server() {
         }
         pg.start_again();
         // The same store, never reopened: its reads retry until the server has recovered.
-        let mut on_disk = BTreeMap::new();
-        for table in TABLES {
-            for (k, v) in block_on(store.scan_prefix(table, b"")).unwrap() {
-                let key = String::from_utf8(k).unwrap();
-                let version =
-                    check_crash_value(table, &key, &v).unwrap_or_else(|e| panic!("round {round}: {e}"));
-                on_disk.insert((table.to_owned(), key), version);
-            }
-        }
-        let flags: Vec<bool> = in_flight
-            .iter()
-            .map(|(t, k, state)| on_disk.get(&(t.clone(), k.clone())).copied() == *state)
-            .collect();
-        assert!(
-            flags.iter().all(|a| *a) || flags.iter().all(|a| !*a),
-            "round {round}: in-flight change half applied: {in_flight:?} {flags:?}"
-        );
-        if flags[0] {
+        let on_disk = read_records(&*store, round);
+        let applied_now = in_flight_applied(&on_disk, &in_flight, round);
+        if applied_now {
             applied += 1;
             for (t, k, state) in in_flight {
                 model.insert((t, k), state);
