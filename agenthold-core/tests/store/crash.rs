@@ -192,14 +192,7 @@ fn crash_child() {
                     ),
                 }
             } else {
-                let ops = changes
-                    .iter()
-                    .map(|(t, k, state)| match state {
-                        Some(v) => put(t, k.as_bytes(), &crash_value(t, k, *v)),
-                        None => del(t, k.as_bytes()),
-                    })
-                    .collect();
-                store.batch(ops).await.unwrap();
+                store.batch(batch_of(&changes)).await.unwrap();
             }
         });
         println!("CRASH ack {seq}");
@@ -210,6 +203,17 @@ fn crash_child() {
             }
         }
     }
+}
+
+/// The batch that makes `changes`.
+fn batch_of(changes: &[Change]) -> Vec<agenthold_core::store::BatchOp> {
+    changes
+        .iter()
+        .map(|(t, k, state)| match state {
+            Some(v) => put(t, k.as_bytes(), &crash_value(t, k, *v)),
+            None => del(t, k.as_bytes()),
+        })
+        .collect()
 }
 
 fn opener(backend: &str) -> Opener {
@@ -569,18 +573,11 @@ fn crash_postgres_server() {
                         let (t, k, _) = live.remove(j);
                         changes.push((t, k, None));
                     }
-                    let ops = changes
-                        .iter()
-                        .map(|(t, k, state)| match state {
-                            Some(v) => put(t, k.as_bytes(), &crash_value(t, k, *v)),
-                            None => del(t, k.as_bytes()),
-                        })
-                        .collect();
                     let result = if changes.len() == 1 {
                         let (t, k, _) = &changes[0];
                         block_on(store.put(t, k.as_bytes(), &crash_value(t, k, 0)))
                     } else {
-                        block_on(store.batch(ops))
+                        block_on(store.batch(batch_of(&changes)))
                     };
                     match result {
                         Ok(()) => {
