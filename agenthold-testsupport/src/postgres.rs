@@ -267,7 +267,11 @@ impl TestPostgres {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             let ready = Command::new(self.bin.join("pg_isready"))
-                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-t", "1", "-q"])
+                // Our own Unix socket, in our directory: a server of someone else on the port (had it been
+                // taken) cannot pass for ours.
+                .arg("-h")
+                .arg(&self.dir)
+                .args(["-p", &self.port.to_string(), "-t", "1", "-q"])
                 .stdin(Stdio::null())
                 .status()
                 .is_ok_and(|s| s.success());
@@ -357,8 +361,24 @@ fn unprivileged(mut command: Command) -> Command {
     command
 }
 
-/// A loopback TCP port nothing listens on right now.
+/// A loopback TCP port for a new server: free now, below Linux's ephemeral range (32768-60999) so that no
+/// `bind(0)` (another test's upstream, an outgoing connection) takes it while the server is down between a
+/// kill and a restart, and never handed to two servers of this process.
 fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+    static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut taken = TAKEN.lock().unwrap();
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default()
+        ^ std::process::id().wrapping_mul(2_654_435_761);
+    for _ in 0..1000 {
+        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        let port = 20_000 + (seed >> 8) as u16 % 12_000;
+        if !taken.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            taken.push(port);
+            return port;
+        }
+    }
+    panic!("no free loopback port in 20000-31999 for PostgreSQL");
 }
