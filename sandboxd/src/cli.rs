@@ -12,6 +12,7 @@ use sandboxd::contract::tunnel::Harness;
 pub(crate) const USAGE: &str = "sandboxd [--root DIR] hold
 sandboxd [--root DIR] boot [--] [CMD ARG...]
 sandboxd [--root DIR] run [--timeout-ms N] [--id ID] [--] ARGV...
+sandboxd [--root DIR] run --id ID --request-stdin
 sandboxd [--root DIR] kill --id ID
 sandboxd [--root DIR] send [--harness claude|codex] [--] AGENT_NAME PROMPT|-
 agenthold-send [--harness claude|codex] [--] AGENT_NAME PROMPT|-
@@ -58,8 +59,11 @@ pub(crate) struct RunOptions {
     pub(crate) timeout: Option<Duration>,
     /// `--id ID`, already validated with [`valid_id`].
     pub(crate) id: Option<String>,
-    /// The command and its arguments; never empty.
+    /// The command and its arguments; never empty unless `request_stdin`.
     pub(crate) argv: Vec<OsString>,
+    /// `--request-stdin`: the command (and the timeout) come on standard input
+    /// ([`sandboxd::contract::request`]); `argv` is empty then.
+    pub(crate) request_stdin: bool,
 }
 
 /// Arguments of `send`.
@@ -185,6 +189,7 @@ fn parse_run(rest: &mut std::vec::IntoIter<OsString>) -> Result<RunOptions, Stri
         timeout: None,
         id: None,
         argv: Vec::new(),
+        request_stdin: false,
     };
     while let Some(arg) = rest.next() {
         let text = arg.to_str().unwrap_or_default();
@@ -207,6 +212,7 @@ fn parse_run(rest: &mut std::vec::IntoIter<OsString>) -> Result<RunOptions, Stri
                 }
                 opts.id = Some(value);
             }
+            command::OPT_REQUEST_STDIN if inline.is_none() => opts.request_stdin = true,
             _ if text.starts_with('-') => return Err(format!("run: unknown option {text}")),
             _ => {
                 opts.argv.push(arg);
@@ -215,10 +221,18 @@ fn parse_run(rest: &mut std::vec::IntoIter<OsString>) -> Result<RunOptions, Stri
         }
     }
     opts.argv.extend(rest.by_ref());
-    if opts.argv.is_empty() {
-        return Err("run: missing command".to_owned());
+    match (opts.request_stdin, opts.argv.is_empty()) {
+        (false, true) => Err("run: missing command".to_owned()),
+        (true, false) => Err(format!(
+            "run: {}: the command comes on stdin, not as arguments",
+            command::OPT_REQUEST_STDIN
+        )),
+        (true, true) if opts.timeout.is_some() => Err(format!(
+            "run: {}: the timeout comes on stdin, not as --timeout-ms",
+            command::OPT_REQUEST_STDIN
+        )),
+        _ => Ok(opts),
     }
-    Ok(opts)
 }
 
 /// Parses the arguments of `send` (also the whole command line of `agenthold-send`).
@@ -327,6 +341,13 @@ mod tests {
         };
         assert_eq!(opts.timeout, None);
         assert_eq!(opts.argv, args(&["true", "-x"]));
+        assert!(!opts.request_stdin);
+        let Command::Run(opts) = command(&["run", "--id", "x2", "--request-stdin"]) else {
+            panic!("not run")
+        };
+        assert!(opts.request_stdin);
+        assert_eq!(opts.id.as_deref(), Some("x2"));
+        assert!(opts.argv.is_empty());
     }
 
     #[test]
@@ -355,6 +376,9 @@ mod tests {
             &["run", "--"],
             &["run", "--timeout-ms", "x", "--", "a"],
             &["run", "--bogus", "a"],
+            &["run", "--request-stdin", "--", "a"],
+            &["run", "--request-stdin", "--timeout-ms", "5"],
+            &["run", "--request-stdin=x"],
         ] {
             assert!(parse(args(bad)).expect_err("rejected").run, "{bad:?}");
         }

@@ -102,6 +102,8 @@ pub mod command {
     pub const SEND_NAME: &str = "agenthold-send";
     /// `--harness claude|codex` of `send`.
     pub const OPT_HARNESS: &str = "--harness";
+    /// `--request-stdin` of `run`: the command comes on standard input as a [`super::request`], not as ARGV.
+    pub const OPT_REQUEST_STDIN: &str = "--request-stdin";
 
     /// `SANDBOXD boot`: a sandbox's entrypoint.
     #[must_use]
@@ -128,6 +130,19 @@ pub mod command {
         cmd
     }
 
+    /// `SANDBOXD run --id ID --request-stdin`: a `run` started ahead of its command, which it reads from
+    /// standard input ([`super::request`]) and acknowledges before it starts it.
+    #[must_use]
+    pub fn run_ahead(id: &str) -> Vec<String> {
+        vec![
+            SANDBOXD.to_owned(),
+            RUN.to_owned(),
+            OPT_ID.to_owned(),
+            id.to_owned(),
+            OPT_REQUEST_STDIN.to_owned(),
+        ]
+    }
+
     /// `SANDBOXD kill --id ID`: kill the process group `run --id ID` recorded.
     #[must_use]
     pub fn kill(id: &str) -> Vec<String> {
@@ -139,6 +154,8 @@ pub mod command {
         ]
     }
 }
+
+pub mod request;
 
 /// The boot token the runtime writes to [`BOOT_FILE`] and sandboxd presents in the tunnel hello.
 pub mod token {

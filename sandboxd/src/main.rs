@@ -11,6 +11,7 @@
 //! sandboxd [--root DIR] hold
 //! sandboxd [--root DIR] boot [--] [CMD ARG...]
 //! sandboxd [--root DIR] run [--timeout-ms N] [--id ID] [--] ARGV...
+//! sandboxd [--root DIR] run --id ID --request-stdin
 //! sandboxd [--root DIR] kill --id ID
 //! sandboxd [--root DIR] send [--harness claude|codex] [--] AGENT_NAME PROMPT|-
 //! agenthold-send [--harness claude|codex] [--] AGENT_NAME PROMPT|-      (the same binary by that name)
@@ -72,6 +73,13 @@
 //!
 //! If the record cannot be written (e.g. the exec user cannot write `/.agenthold/run`), a warning is printed
 //! and the command still runs (it just cannot be cancelled by id).
+//!
+//! With `--request-stdin` (and no ARGV, no `--timeout-ms`) `run` is started ahead of its command: it waits
+//! for one request on stdin (`sandboxd::contract::request`: the command, environment entries set on top of
+//! its own, a working directory and a timeout), writes the byte 0x06 on stdout once the request is valid,
+//! and then runs it as above; the rest of stdin is the command's. A malformed request: nothing on stdout, a
+//! message on stderr, exit 125, nothing started. A working directory that cannot be entered: exit 126. The
+//! runtime keeps one such `run` in every warm-pool sandbox for its first command.
 //!
 //! ## `kill`: cancel a running `run`
 //! `sandboxd kill --id ID` SIGKILLs the process group recorded for `ID` and exits 0, also when it is already

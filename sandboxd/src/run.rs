@@ -1,17 +1,21 @@
-//! `run` (the wrapper of every `docker exec`: process group, timeout, exit status, cancel record) and `kill`
+//! `run` (the wrapper of every `docker exec`: process group, timeout, exit status, cancel record; its command
+//! given as arguments or, for a `run` started ahead, as a request on stdin) and `kill`
 //! (cancel by exec id). The record `/.agenthold/run/<ID>.pid` holds the command's process group id; a
 //! `<ID>.cancel` marker covers a `kill` that arrives before `run` has written it.
 
+use std::ffi::OsString;
 use std::io::Write as _;
 use std::os::fd::AsFd as _;
+use std::os::unix::ffi::OsStringExt as _;
 use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, OpenOptionsExt as _};
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::Pid;
+use sandboxd::contract::request::{self, Request};
 
 use crate::boot::exit_code;
 use crate::cli::RunOptions;
@@ -95,9 +99,61 @@ fn give_terminal(pgid: Pid) {
     }
 }
 
-/// `sandboxd run [--timeout-ms N] [--id ID] -- ARGV...`: see the crate docs.
+/// The command `run` starts: from its arguments, or from a request on stdin.
+struct Command {
+    argv: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    cwd: Option<OsString>,
+    timeout: Option<Duration>,
+}
+
+/// Reads the request of `run --request-stdin` and acknowledges it ([`request::READY`] on stdout) before
+/// anything else is written there. Reads from a duplicate of fd 0, unbuffered, so the command's own input
+/// stays unread.
+fn take_request() -> Result<Command, String> {
+    let stdin = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| format!("stdin: {e}"))?;
+    let request = Request::read_from(&mut std::fs::File::from(stdin))?;
+    let os = |bytes: Vec<u8>| OsString::from_vec(bytes);
+    let command = Command {
+        argv: request.argv.into_iter().map(os).collect(),
+        env: request
+            .env
+            .into_iter()
+            .map(|(name, value)| (os(name), os(value)))
+            .collect(),
+        cwd: request.cwd.map(os),
+        timeout: request.timeout_ms.map(Duration::from_millis),
+    };
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(&[request::READY])
+        .and_then(|()| stdout.flush())
+        .map_err(|e| format!("acknowledging the request: {e}"))?;
+    Ok(command)
+}
+
+/// `sandboxd run [--timeout-ms N] [--id ID] -- ARGV...` or `run --id ID --request-stdin`: see the crate docs.
 pub(crate) fn run(layout: &Layout, opts: &RunOptions) -> i32 {
-    let deadline = opts.timeout.map(|t| Instant::now() + t);
+    let command = if opts.request_stdin {
+        match take_request() {
+            Ok(command) => command,
+            Err(err) => {
+                log!("run: {err}");
+                return EXIT_SANDBOXD;
+            }
+        }
+    } else {
+        Command {
+            argv: opts.argv.clone(),
+            env: Vec::new(),
+            cwd: None,
+            timeout: opts.timeout,
+        }
+    };
+    let deadline = command.timeout.map(|t| Instant::now() + t);
     let handled = [
         Signal::SIGCHLD,
         Signal::SIGTERM,
@@ -128,11 +184,18 @@ pub(crate) fn run(layout: &Layout, opts: &RunOptions) -> i32 {
         }
     }
 
-    let Some(program) = opts.argv.first() else {
+    let Some(program) = command.argv.first() else {
         log!("run: missing command");
         return EXIT_SANDBOXD;
     };
-    let pid = match spawn::spawn(&opts.argv, spawn::Group::New) {
+    if let Some(cwd) = &command.cwd
+        && let Err(err) = std::env::set_current_dir(cwd)
+    {
+        // As the engine's exec when its working directory is missing.
+        log!("run: working directory {}: {err}", cwd.to_string_lossy());
+        return spawn::EXIT_CANNOT_EXECUTE;
+    }
+    let pid = match spawn::spawn_with_env(&command.argv, spawn::Group::New, &command.env) {
         Ok(pid) => pid,
         Err(err) => {
             log!("run: {}: {err}", program.to_string_lossy());

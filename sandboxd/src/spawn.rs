@@ -34,12 +34,34 @@ fn c_string(bytes: &[u8]) -> CString {
 /// Spawns `argv` (`argv[0]` looked up in `PATH`), inheriting stdio, environment and working directory, with an
 /// empty signal mask and default SIGPIPE. Returns the child's pid (= its process group id with [`Group::New`]).
 pub(crate) fn spawn(argv: &[OsString], group: Group) -> Result<Pid, Errno> {
+    spawn_with_env(argv, group, &[])
+}
+
+/// [`spawn`] with `overrides` set in the child's environment on top of ours (a name given twice: the
+/// last wins).
+pub(crate) fn spawn_with_env(
+    argv: &[OsString],
+    group: Group,
+    overrides: &[(OsString, OsString)],
+) -> Result<Pid, Errno> {
     let Some(program) = argv.first() else {
         return Err(Errno::ENOENT);
     };
-    let program = c_string(program.as_bytes());
+    // `posix_spawnp` searches our own `PATH`; a command whose environment sets another is looked up in
+    // that one, as the engine's exec does.
+    let path = overrides.iter().rev().find(|(name, _)| name == "PATH");
+    let program = match path {
+        Some((_, dirs)) if !program.as_bytes().contains(&b'/') => look_up(program, dirs)?,
+        _ => c_string(program.as_bytes()),
+    };
     let args: Vec<CString> = argv.iter().map(|a| c_string(a.as_bytes())).collect();
-    let env: Vec<CString> = std::env::vars_os()
+    let mut vars: Vec<(OsString, OsString)> = std::env::vars_os().collect();
+    for (name, value) in overrides {
+        vars.retain(|(existing, _)| existing != name);
+        vars.push((name.clone(), value.clone()));
+    }
+    let env: Vec<CString> = vars
+        .into_iter()
         .map(|(key, value)| {
             let mut entry = key.as_bytes().to_vec();
             entry.push(b'=');
@@ -60,6 +82,22 @@ pub(crate) fn spawn(argv: &[OsString], group: Group) -> Result<Pid, Errno> {
     }
     attr.set_flags(flags)?;
     posix_spawnp(&program, &PosixSpawnFileActions::init()?, &attr, &args, &env)
+}
+
+/// The first executable file called `program` in the `:`-separated `dirs` (an empty entry is the current
+/// directory), as a path.
+fn look_up(program: &OsString, dirs: &OsString) -> Result<CString, Errno> {
+    use std::os::unix::fs::PermissionsExt as _;
+    for dir in dirs.as_bytes().split(|&b| b == b':') {
+        let dir = if dir.is_empty() { &b"."[..] } else { dir };
+        let candidate = std::path::Path::new(std::ffi::OsStr::from_bytes(dir)).join(program);
+        let executable =
+            std::fs::metadata(&candidate).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        if executable {
+            return Ok(c_string(candidate.as_os_str().as_bytes()));
+        }
+    }
+    Err(Errno::ENOENT)
 }
 
 /// The exit status for a failed spawn: 127 when the program is not found, 126 otherwise (not executable, a
@@ -95,6 +133,31 @@ mod tests {
         );
         assert_eq!(error_code(Errno::ENOENT), 127);
         assert_eq!(error_code(Errno::EACCES), 126);
+    }
+
+    #[test]
+    fn overrides_are_on_top_of_the_environment() {
+        let argv: Vec<OsString> = [
+            "sh",
+            "-c",
+            r#"test "$PATH" = /bin:/usr/bin && test "$AH_X" = two"#,
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        let overrides = [
+            ("PATH".into(), "/bin:/usr/bin".into()),
+            ("AH_X".into(), "one".into()),
+            ("AH_X".into(), "two".into()),
+        ];
+        let pid = spawn_with_env(&argv, Group::Inherit, &overrides).expect("spawned");
+        assert!(matches!(waitpid(pid, None), Ok(WaitStatus::Exited(_, 0))));
+        // The program is looked up in the command's PATH, not ours.
+        let nowhere = [("PATH".into(), "/nonexistent".into())];
+        assert_eq!(
+            spawn_with_env(&argv, Group::Inherit, &nowhere).map(|_| ()),
+            Err(Errno::ENOENT)
+        );
     }
 
     #[test]

@@ -163,6 +163,18 @@ pub trait Sandbox: Send + Sync {
         let _ = (agent, spec);
         Err(unsupported("reconfiguring a running sandbox"))
     }
+    /// Make the next [`Sandbox::exec_stream`] of `agent`'s running sandbox start sooner by starting now
+    /// what it would wait for (the Docker runtime starts `sandboxd run` ahead and gives it the command
+    /// later, skipping the engine's exec). The warm pool calls it for every sandbox it makes, so a
+    /// handed-out sandbox's first command is quick. Only a speed-up: a command behaves the same either way,
+    /// and an implementation falls back to its usual path when what it prepared is gone. Default: nothing.
+    ///
+    /// # Errors
+    /// When it cannot be prepared (the caller carries on without).
+    async fn prepare_exec(&self, agent: &AgentId) -> Result<()> {
+        let _ = agent;
+        Ok(())
+    }
     /// Current state.
     async fn inspect(&self, agent: &AgentId) -> Result<SandboxInfo>;
     /// Take over the sandboxes a previous runtime on the same store left (S12). `agents` are the agents the

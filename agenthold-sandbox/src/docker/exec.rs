@@ -76,6 +76,18 @@ pub(crate) async fn start_raw(
     } else {
         let _ = input.shutdown().await;
     }
+    Ok(into_stream(engine, id, created.id, output, None))
+}
+
+/// The engine's output of exec `exec_id` as the stream of the command known as `id`: `first` (output read
+/// already), the rest of `output`, then the exit code once the output is drained.
+fn into_stream(
+    engine: &Engine,
+    id: String,
+    exec_id: String,
+    output: Output,
+    first: Option<ExecChunk>,
+) -> ExecStream {
     let chunks = output.filter_map(|item| {
         future::ready(match item {
             Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => {
@@ -86,10 +98,162 @@ pub(crate) async fn start_raw(
             Err(e) => Some(Err(Error::engine("read command output", e).into())),
         })
     });
-    // The exit code once the output is drained.
-    let exit = stream::once(exit_code(engine.clone(), created.id))
+    let exit = stream::once(exit_code(engine.clone(), exec_id))
         .map(|code| code.map(ExecChunk::Exit).map_err(agenthold_core::Error::from));
-    Ok(ExecStream::new(id, chunks.chain(exit)))
+    ExecStream::new(id, stream::iter(first.map(Ok)).chain(chunks).chain(exit))
+}
+
+/// The output half of an attached exec.
+type Output = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = std::result::Result<LogOutput, bollard::errors::Error>> + Send>,
+>;
+
+/// A `sandboxd run --id ID --request-stdin` started ahead of its command and attached (its stdin and
+/// output held here), so that the command it is given later starts without an engine exec
+/// (`sandboxd::contract::request`). The warm pool keeps one in each sandbox for its first command.
+pub(crate) struct Ahead {
+    /// The id the command will be known by ([`ExecStream::id`], `sandboxd kill --id`).
+    id: String,
+    /// The engine's exec.
+    exec_id: String,
+    input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    output: Output,
+}
+
+impl std::fmt::Debug for Ahead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ahead")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long a command given to a [`Ahead`] waits for sandboxd's acknowledgement.
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Start a `run` ahead of its command in `agent`'s (running) sandbox.
+pub(crate) async fn start_ahead(engine: &Engine, agent: &AgentId) -> Result<Ahead> {
+    let id = agenthold_core::AgentId::random().to_string();
+    let options = CreateExecOptions {
+        attach_stdin: Some(true),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        tty: Some(false),
+        cmd: Some(sandboxd::contract::command::run_ahead(&id)),
+        ..Default::default()
+    };
+    let created = engine
+        .docker
+        .create_exec(&container_name(agent), options)
+        .await
+        .map_err(|e| Error::engine(format!("exec in {agent}"), e))?;
+    let started = engine
+        .docker
+        .start_exec(&created.id, None)
+        .await
+        .map_err(|e| Error::engine(format!("exec in {agent}"), e))?;
+    let StartExecResults::Attached { output, input } = started else {
+        return Err(Error::Unavailable {
+            problem: "the engine detached an attached exec".into(),
+        });
+    };
+    Ok(Ahead {
+        id,
+        exec_id: created.id,
+        input,
+        output,
+    })
+}
+
+/// Give `request` to `ahead`. `Ok(Err(request))` when `ahead` cannot take it and it never started (the
+/// `run` ended, the engine's stream broke before the acknowledgement, or the request cannot be carried):
+/// the caller starts it as a new exec.
+pub(crate) async fn start_with(
+    engine: &Engine,
+    agent: &AgentId,
+    ahead: Ahead,
+    request: ExecRequest,
+) -> Result<std::result::Result<ExecStream, ExecRequest>> {
+    let Ahead {
+        id,
+        exec_id,
+        mut input,
+        mut output,
+    } = ahead;
+    let wire = sandboxd::contract::request::Request {
+        argv: request.argv.iter().map(|a| a.clone().into_bytes()).collect(),
+        env: request
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone().into_bytes(), v.clone().into_bytes()))
+            .collect(),
+        cwd: request.cwd.clone().map(String::into_bytes),
+        timeout_ms: request
+            .timeout
+            .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)),
+    };
+    let Ok(bytes) = wire.encode() else {
+        // Left to the engine's exec, which reports what is wrong with it as before.
+        return Ok(Err(request));
+    };
+    // Everything before the acknowledgement is sandboxd's (a complaint on stderr); the byte itself is
+    // stripped, and what follows it in the same piece is the command's.
+    let ready = tokio::time::timeout(READY_WAIT, async {
+        let mut said = Vec::new();
+        if input.write_all(&bytes).await.is_err() || input.flush().await.is_err() {
+            // The `run` is gone (its stdin closed): nothing started.
+            return Err(said);
+        }
+        while let Some(item) = output.next().await {
+            match item {
+                Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => {
+                    if let Some((&first, rest)) = message.split_first()
+                        && first == sandboxd::contract::request::READY
+                    {
+                        return Ok(rest.to_vec());
+                    }
+                    said.extend_from_slice(&message);
+                }
+                Ok(LogOutput::StdErr { message }) => said.extend_from_slice(&message),
+                Ok(LogOutput::StdIn { .. }) => {}
+                Err(_) => break,
+            }
+        }
+        Err(said)
+    })
+    .await;
+    let rest = match ready {
+        Ok(Ok(rest)) => rest,
+        Ok(Err(said)) => {
+            tracing::warn!(
+                agent = %agent,
+                said = %String::from_utf8_lossy(&said[..said.len().min(512)]),
+                "the run started ahead did not take its command; starting it as a new exec"
+            );
+            return Ok(Err(request));
+        }
+        Err(_) => {
+            // It may still take it: make sure it never starts, then fail (starting it elsewhere could run
+            // it twice).
+            let _ = cancel(engine, agent, &id).await;
+            return Err(Error::Unavailable {
+                problem: format!(
+                    "the sandbox of {agent} did not take the command within {} s",
+                    READY_WAIT.as_secs()
+                ),
+            });
+        }
+    };
+    if let Some(stdin) = request.stdin {
+        tokio::spawn(async move {
+            let _ = input.write_all(&stdin).await;
+            let _ = input.shutdown().await;
+        });
+    } else {
+        let _ = input.shutdown().await;
+    }
+    let first = (!rest.is_empty()).then(|| ExecChunk::Stdout(rest.into()));
+    Ok(Ok(into_stream(engine, id, exec_id, output, first)))
 }
 
 /// How long [`exit_code`] waits for the engine to reap a command whose output closed.

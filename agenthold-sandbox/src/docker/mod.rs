@@ -79,6 +79,9 @@ pub struct DockerSandbox {
     /// Engine updates of limits a hand-out wrote straight into the cgroups, still running (a start of the
     /// agent waits for its own: the engine recreates the cgroups from its record).
     limits_sync: Mutex<HashMap<AgentId, LimitsSync>>,
+    /// A `sandboxd run` started ahead of its command per agent ([`Sandbox::prepare_exec`]), taken by the
+    /// agent's next exec.
+    ahead: Mutex<HashMap<AgentId, exec::Ahead>>,
 }
 
 /// An engine update in the background of limits already in the cgroups.
@@ -133,6 +136,7 @@ impl DockerSandbox {
             watcher: Mutex::new(None),
             exec_env: handout::ExecEnv::default(),
             limits_sync: Mutex::new(HashMap::new()),
+            ahead: Mutex::new(HashMap::new()),
         })
     }
 
@@ -168,6 +172,10 @@ impl DockerSandbox {
 
     fn starting(&self) -> std::sync::MutexGuard<'_, HashSet<AgentId>> {
         self.starting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn ahead(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, exec::Ahead>> {
+        self.ahead.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn limits_sync(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, LimitsSync>> {
@@ -369,6 +377,8 @@ impl DockerSandbox {
         if let Some(sync) = self.limits_sync().remove(agent) {
             sync.task.abort();
         }
+        // Its stdin closes: the `run` waiting in the sandbox ends without starting anything.
+        drop(self.ahead().remove(agent));
         remove_sandbox_container(&self.engine, agent).await?;
         self.tunnel.forget(agent);
         let mut topo = self.topology.lock("remove a sandbox network").await?;
@@ -520,6 +530,7 @@ impl Sandbox for DockerSandbox {
     }
 
     async fn stop(&self, agent: &AgentId) -> agenthold_core::Result<()> {
+        drop(self.ahead().remove(agent));
         let options = StopContainerOptions {
             t: Some(10),
             signal: None,
@@ -552,7 +563,22 @@ impl Sandbox for DockerSandbox {
         self.exec_env
             .apply(self.store.as_ref(), agent, &mut request.env)
             .await?;
+        let ahead = self.ahead().remove(agent);
+        if let Some(ahead) = ahead {
+            match exec::start_with(&self.engine, agent, ahead, request).await? {
+                Ok(stream) => return Ok(stream),
+                Err(back) => request = back,
+            }
+        }
         Ok(exec::start(&self.engine, agent, request).await?)
+    }
+
+    /// Starts `sandboxd run --request-stdin` in the sandbox and keeps it attached for the agent's next
+    /// exec (one per agent; a second call replaces the first, whose `run` then ends unused).
+    async fn prepare_exec(&self, agent: &AgentId) -> agenthold_core::Result<()> {
+        let ahead = exec::start_ahead(&self.engine, agent).await?;
+        drop(self.ahead().insert(agent.clone(), ahead));
+        Ok(())
     }
 
     /// The environment is kept by the runtime and given to every exec and terminal (see the `handout`

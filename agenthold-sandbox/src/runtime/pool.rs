@@ -177,7 +177,13 @@ impl Pool {
             return None;
         }
         match self.sandbox.create(&agent, &container).await {
-            Ok(_) => Some(agent),
+            Ok(_) => {
+                // The first command after the hand-out then skips what the sandbox runtime can do ahead.
+                if let Err(e) = self.sandbox.prepare_exec(&agent).await {
+                    tracing::debug!(agent = %agent, error = %e, "warm pool: cannot prepare the first exec");
+                }
+                Some(agent)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "warm pool: cannot create a sandbox");
                 table.remove(&agent);

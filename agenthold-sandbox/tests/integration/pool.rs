@@ -206,3 +206,177 @@ async fn a_pooled_sandbox_takes_any_spec_of_its_image() {
     }))
     .await;
 }
+
+/// The exec ids of the `sandboxd run --request-stdin` waiting in `agent`'s container, with the engine's
+/// exec ids.
+async fn runs_started_ahead(docker: &bollard::Docker, agent: &AgentId) -> Vec<(String, String)> {
+    let container = docker
+        .inspect_container(&format!("agenthold-{agent}"), None)
+        .await
+        .expect("inspect");
+    let mut found = Vec::new();
+    for exec in container.exec_ids.unwrap_or_default() {
+        let Ok(inspect) = docker.inspect_exec(&exec).await else {
+            continue;
+        };
+        let args = inspect
+            .process_config
+            .and_then(|p| p.arguments)
+            .unwrap_or_default();
+        if inspect.running == Some(true) && args.iter().any(|a| a == "--request-stdin") {
+            found.push((args[2].clone(), exec));
+        }
+    }
+    found
+}
+
+// covers: P1 (a command's environment, input, directory, exit code and cancel are the same through the run
+// started ahead)
+/// The first command after a hand-out is given to the `sandboxd run` the pool started ahead (no engine exec
+/// on its path) and behaves as any exec: the spec's environment under its own, stdin, working directory,
+/// exit code, `exec_running` and `cancel_exec` by its id. The next command is a new engine exec.
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn the_first_command_after_a_hand_out_skips_the_engines_exec() {
+    let env = Env::start_with(|c| c.sandbox.warm_pool = 1).await;
+    env.guard(Box::pin(async {
+        let runtime = &env.runtime;
+        let docker = docker().await;
+        wait_ready(runtime, 1).await;
+        let pooled = sandboxes_of(&env.instance).await;
+        let ahead = runs_started_ahead(&docker, &pooled[0]).await;
+        assert_eq!(ahead.len(), 1, "one run waits in the pooled sandbox: {ahead:?}");
+        let (ahead_id, _) = ahead[0].clone();
+
+        let mut full = spec();
+        full.env.insert("AH_SPEC".into(), "from-spec".into());
+        full.env.insert("AH_BOTH".into(), "spec".into());
+        let agent = runtime.create_sandbox(full).await.expect("hand-out");
+        assert_eq!(agent, pooled[0]);
+        let request = ExecRequest {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "printf '%s|%s|%s|%s|' \"$AH_SPEC\" \"$AH_BOTH\" \"$PWD\" \"$(id -u)\"; cat; sleep 1; exit 3"
+                    .into(),
+            ],
+            env: [("AH_BOTH".to_owned(), "own".to_owned())].into(),
+            cwd: Some("/tmp".into()),
+            stdin: Some(b"input\x00\xff".to_vec()),
+            ..ExecRequest::default()
+        };
+        let stream = runtime.exec_stream(&agent, request).await.expect("first exec");
+        assert_eq!(
+            stream.id(),
+            ahead_id,
+            "the first command went to the run started ahead"
+        );
+        assert!(runtime.exec_running(&agent, &ahead_id).await.expect("running"));
+        let out = stream.collect().await.expect("output");
+        let uid = runtime.exec(&agent, &["id", "-u"]).await.expect("uid");
+        let mut expected = format!(
+            "from-spec|own|/tmp|{}|input",
+            String::from_utf8_lossy(&uid.stdout).trim()
+        )
+        .into_bytes();
+        expected.extend_from_slice(b"\x00\xff");
+        assert_eq!(out.stdout, expected, "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.exit_code, 3);
+        assert!(!runtime.exec_running(&agent, &ahead_id).await.expect("running"));
+        assert!(runs_started_ahead(&docker, &agent).await.is_empty(), "used once");
+
+        // The next command is an engine exec with its own id.
+        let next = runtime
+            .exec_stream(
+                &agent,
+                ExecRequest {
+                    argv: vec!["true".into()],
+                    ..ExecRequest::default()
+                },
+            )
+            .await
+            .expect("second exec");
+        assert_ne!(next.id(), ahead_id);
+        assert_eq!(next.collect().await.expect("output").exit_code, 0);
+        runtime.remove(&agent).await.expect("remove");
+
+        // Cancel by id and timeouts hold for a command given ahead, on the refill.
+        wait_ready(runtime, 1).await;
+        let agent = runtime.create_sandbox(spec()).await.expect("hand-out");
+        let long = ExecRequest {
+            argv: vec!["sh".into(), "-c".into(), "sleep 60 & sleep 60".into()],
+            ..ExecRequest::default()
+        };
+        let started = Instant::now();
+        let stream = runtime.exec_stream(&agent, long).await.expect("first exec");
+        let id = stream.id().to_owned();
+        assert!(runtime.exec_running(&agent, &id).await.expect("running"));
+        runtime.cancel_exec(&agent, &id).await.expect("cancel");
+        let out = stream.collect().await.expect("output");
+        assert_eq!(out.exit_code, 137, "killed by cancel");
+        assert!(started.elapsed() < Duration::from_secs(30));
+        runtime.remove(&agent).await.expect("remove");
+
+        wait_ready(runtime, 1).await;
+        let agent = runtime.create_sandbox(spec()).await.expect("hand-out");
+        let timed = ExecRequest {
+            argv: vec!["sleep".into(), "60".into()],
+            timeout: Some(Duration::from_millis(500)),
+            ..ExecRequest::default()
+        };
+        let out = runtime.exec_request(&agent, timed).await.expect("first exec");
+        assert_eq!(out.exit_code, 124, "timed out");
+        runtime.remove(&agent).await.expect("remove");
+        runtime.shutdown().await;
+    }))
+    .await;
+}
+
+// covers: P1
+/// When the run started ahead is gone (killed here from the host), the first command never ran there and
+/// goes through a new engine exec, with the same result.
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn a_run_started_ahead_that_died_falls_back_to_an_engine_exec() {
+    let env = Env::start_with(|c| c.sandbox.warm_pool = 1).await;
+    env.guard(Box::pin(async {
+        let runtime = &env.runtime;
+        let docker = docker().await;
+        wait_ready(runtime, 1).await;
+        let pooled = sandboxes_of(&env.instance).await;
+        let ahead = runs_started_ahead(&docker, &pooled[0]).await;
+        assert_eq!(ahead.len(), 1, "{ahead:?}");
+        let (ahead_id, exec) = ahead[0].clone();
+        let pid = docker
+            .inspect_exec(&exec)
+            .await
+            .expect("inspect")
+            .pid
+            .expect("pid");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill the run started ahead");
+        let gone = wait_for(Duration::from_secs(10), || async {
+            runs_started_ahead(&docker, &pooled[0]).await.is_empty()
+        })
+        .await;
+        assert!(gone.is_some(), "the run started ahead is still there");
+
+        let agent = runtime.create_sandbox(spec()).await.expect("hand-out");
+        assert_eq!(agent, pooled[0]);
+        let request = ExecRequest {
+            argv: vec!["sh".into(), "-c".into(), "cat; exit 5".into()],
+            stdin: Some(b"once".to_vec()),
+            ..ExecRequest::default()
+        };
+        let stream = runtime.exec_stream(&agent, request).await.expect("first exec");
+        assert_ne!(stream.id(), ahead_id, "a new engine exec");
+        let out = stream.collect().await.expect("output");
+        assert_eq!((out.stdout.as_slice(), out.exit_code), (&b"once"[..], 5));
+        runtime.remove(&agent).await.expect("remove");
+        runtime.shutdown().await;
+    }))
+    .await;
+}

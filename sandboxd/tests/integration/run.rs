@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use sandboxd::contract::RUN_DIR;
+use sandboxd::contract::request::{self, Request};
 
 use crate::{Guard, Root, alive, eventually, read_pid};
 
@@ -228,4 +229,137 @@ fn interactive_command_gets_the_terminal() {
         "{out:?}"
     );
     assert_eq!(out.status.code(), Some(3));
+}
+
+/// Starts `sandboxd run --id ID --request-stdin`, waits a little (the request comes later, as at a hand-out),
+/// writes `input` and returns (exit code, stdout, stderr).
+fn run_ahead(root: &Root, id: &str, input: Vec<u8>) -> (i32, Vec<u8>, String) {
+    let mut child = root
+        .sandboxd(&["run", "--id", id, "--request-stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    (
+        out.status.code().expect("exited, not killed"),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn request(argv: &[&str]) -> Request {
+    Request {
+        argv: argv.iter().map(|a| a.as_bytes().to_vec()).collect(),
+        ..Request::default()
+    }
+}
+
+// covers: P1
+/// A `run` started ahead acknowledges its request with one byte before the command's output, runs it with
+/// the request's environment on top of its own, in the request's directory, and hands it the rest of stdin.
+#[test]
+fn a_run_started_ahead_takes_its_command_from_stdin() {
+    let root = Root::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut req = request(&[
+        "sh",
+        "-c",
+        "printf '%s|%s|%s|' \"$AH_A\" \"$HOME\" \"$PWD\"; cat; exit 7",
+    ]);
+    req.env = vec![
+        (b"AH_A".to_vec(), b"from request".to_vec()),
+        (b"HOME".to_vec(), b"/override".to_vec()),
+    ];
+    req.cwd = Some(dir.path().as_os_str().as_encoded_bytes().to_vec());
+    let mut input = req.encode().unwrap();
+    input.extend_from_slice(b"the command's stdin\x00\xff");
+    let (code, stdout, stderr) = run_ahead(&root, "ahead1", input);
+    assert_eq!(code, 7, "{stderr}");
+    let mut expected = vec![request::READY];
+    expected.extend_from_slice(
+        format!(
+            "from request|/override|{}|the command's stdin\x00",
+            dir.path().display()
+        )
+        .as_bytes(),
+    );
+    expected.push(0xff);
+    assert_eq!(stdout, expected);
+    // Exit codes as for `run -- ARGV`.
+    let (code, stdout, _) = run_ahead(
+        &root,
+        "ahead2",
+        request(&["agenthold-no-such-program"]).encode().unwrap(),
+    );
+    assert_eq!((code, stdout), (127, vec![request::READY]));
+}
+
+// covers: P1
+/// The request's timeout kills the whole group (124); `kill --id` cancels it like any `run`; a directory
+/// that cannot be entered is 126.
+#[test]
+fn a_run_started_ahead_keeps_timeouts_and_cancel() {
+    let root = Root::new();
+    let mut req = request(&["sh", "-c", "sleep 30 & sleep 30"]);
+    req.timeout_ms = Some(300);
+    let started = Instant::now();
+    let (code, stdout, _) = run_ahead(&root, "ahead3", req.encode().unwrap());
+    assert_eq!((code, stdout), (124, vec![request::READY]));
+    assert!(started.elapsed() < Duration::from_secs(10));
+
+    let mut child = root
+        .sandboxd(&["run", "--id", "ahead4", "--request-stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(&request(&["sleep", "30"]).encode().unwrap())
+        .unwrap();
+    eventually(Duration::from_secs(10), "the group is recorded", || {
+        root.path(&format!("{RUN_DIR}/ahead4.pid")).exists()
+    });
+    let killed = root.sandboxd(&["kill", "--id", "ahead4"]).status().unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(137));
+    assert_eq!(out.stdout, vec![request::READY]);
+
+    let mut req = request(&["true"]);
+    req.cwd = Some(b"/nonexistent/agenthold".to_vec());
+    let (code, stdout, stderr) = run_ahead(&root, "ahead5", req.encode().unwrap());
+    assert_eq!((code, stdout), (126, vec![request::READY]), "{stderr}");
+}
+
+// covers: P1
+/// A malformed or missing request starts nothing, writes nothing on stdout (so the runtime knows the
+/// command never ran) and exits 125.
+#[test]
+fn a_run_started_ahead_refuses_a_bad_request() {
+    let root = Root::new();
+    let marker = root.path("/started");
+    let good = request(&["sh", "-c", &format!("touch {}", marker.display())])
+        .encode()
+        .unwrap();
+    let mut bad_length = good.clone();
+    bad_length.truncate(good.len() - 1);
+    let mut wrong_version = good.clone();
+    wrong_version[14] = b'9';
+    for input in [Vec::new(), b"garbage\n".to_vec(), bad_length, wrong_version] {
+        let (code, stdout, stderr) = run_ahead(&root, "ahead6", input);
+        assert_eq!(code, 125, "{stderr}");
+        assert!(stdout.is_empty(), "{stdout:?}");
+        assert!(stderr.contains("run:"), "{stderr}");
+        assert!(!marker.exists(), "nothing started");
+    }
 }
