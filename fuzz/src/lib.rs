@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod policy_entry;
+pub mod run_request;
 pub mod template_parse;
 pub mod template_render;
 pub mod tunnel_send;

@@ -166,3 +166,21 @@ pub(crate) fn read_pid(path: &Path) -> i32 {
     });
     pid
 }
+
+/// Runs `check` on every file under `fuzz/regressions/<target>` and `fuzz/seeds/<target>` (at least one).
+pub(crate) fn replay_fuzz_inputs(target: &str, check: fn(&[u8])) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    let mut replayed = 0;
+    for kind in ["regressions", "seeds"] {
+        let Ok(entries) = std::fs::read_dir(root.join(kind).join(target)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let data = std::fs::read(entry.path()).unwrap();
+            eprintln!("replaying {}", entry.path().display());
+            check(&data);
+            replayed += 1;
+        }
+    }
+    assert!(replayed > 0, "no seeds found under fuzz/{target}");
+}

@@ -363,3 +363,13 @@ fn a_run_started_ahead_refuses_a_bad_request() {
         assert!(!marker.exists(), "nothing started");
     }
 }
+
+// The fuzz target's checks, included so that `cargo test` replays `fuzz/{regressions,seeds}/run_request`.
+#[allow(unreachable_pub, dead_code)]
+#[path = "../../../fuzz/src/run_request.rs"]
+mod fuzz_run_request;
+
+#[test]
+fn fuzz_regressions_and_seeds_replay() {
+    crate::replay_fuzz_inputs("run_request", fuzz_run_request::check);
+}

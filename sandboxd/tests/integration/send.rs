@@ -128,18 +128,5 @@ mod fuzz_tunnel_send;
 
 #[test]
 fn fuzz_regressions_and_seeds_replay() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-    let mut replayed = 0;
-    for kind in ["regressions", "seeds"] {
-        let Ok(entries) = std::fs::read_dir(root.join(kind).join("tunnel_send")) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let data = std::fs::read(entry.path()).unwrap();
-            eprintln!("replaying {}", entry.path().display());
-            fuzz_tunnel_send::check(&data);
-            replayed += 1;
-        }
-    }
-    assert!(replayed > 0, "no seeds found under fuzz/");
+    crate::replay_fuzz_inputs("tunnel_send", fuzz_tunnel_send::check);
 }
