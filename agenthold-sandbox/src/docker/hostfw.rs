@@ -34,7 +34,8 @@ pub fn host_table(instance: &str) -> String {
     format!("{HOST_TABLE}_{instance}")
 }
 
-fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<std::process::Output> {
+/// Runs `program ARGS…` with `stdin` written to it, and returns its output.
+pub(crate) fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<std::process::Output> {
     let mut child = Command::new(program)
         .args(args)
         .stdin(if stdin.is_some() {
@@ -55,7 +56,8 @@ fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<std::process
         .map_err(|e| Error::io(format!("wait for {program}"), e))
 }
 
-fn checked(program: &str, args: &[&str], stdin: Option<&str>) -> Result<()> {
+/// [`run`], and an error carrying its standard error when it fails.
+pub(crate) fn checked(program: &str, args: &[&str], stdin: Option<&str>) -> Result<()> {
     let out = run(program, args, stdin)?;
     if out.status.success() {
         return Ok(());

@@ -58,6 +58,13 @@ impl AgentNetwork {
         Ipv4Addr::from(u32::from(self.subnet.broadcast()).saturating_sub(1))
     }
 
+    /// The host's end of the veth pair that joins the gateway holder to this network (a port of the
+    /// bridge): the bridge's name and `g`, 15 bytes.
+    #[must_use]
+    pub fn holder_port(&self) -> String {
+        format!("{}g", self.bridge)
+    }
+
     /// The gateway's address on this network (`.2`, see [`agenthold_egress::datapath::gateway_addr`]).
     #[must_use]
     pub fn gateway_addr(&self) -> Ipv4Addr {
@@ -159,6 +166,12 @@ pub async fn create(engine: &Engine, agent: &AgentId, net: &AgentNetwork) -> Res
             config: Some(vec![IpamConfig {
                 subnet: Some(net.subnet.to_string()),
                 gateway: Some(net.gateway_addr().to_string()),
+                // The holder's join address is the runtime's (its own veth, not an engine endpoint):
+                // the engine must never give it to a container.
+                auxiliary_addresses: Some(HashMap::from([(
+                    "agenthold-gateway".to_owned(),
+                    net.join_addr().to_string(),
+                )])),
                 ..Default::default()
             }]),
             options: None,
@@ -223,6 +236,7 @@ mod tests {
         assert_eq!(smallest.join_addr(), Ipv4Addr::new(10, 213, 5, 14));
         let other = AgentNetwork::for_agent(&AgentId::new("b").unwrap(), net.subnet);
         assert_ne!(net.bridge, other.bridge);
+        assert!(net.holder_port().len() <= 15 && net.holder_port() != net.bridge);
     }
 
     fn pool() -> Ipv4Net {

@@ -81,7 +81,10 @@ impl DockerSandbox {
             return Ok(());
         }
         tracing::warn!("the gateway container was restarted or stopped; restoring the datapath");
-        for (agent, net) in topo.take_all() {
+        let served = topo.take_all();
+        // Closed until each agent is attached again below.
+        crate::docker::holder::Holder::unplug_all(served.iter().map(|(_, net)| net));
+        for (agent, net) in served {
             topo.attach(
                 &self.engine,
                 &self.gateway,

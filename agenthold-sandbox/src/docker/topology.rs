@@ -145,7 +145,7 @@ impl Topology {
         }
         self.host_add(engine, &net)?;
         let (holder, datapath) = self.holder(engine, gateway, config).await?;
-        let iface = holder.join(engine, &net).await?;
+        let iface = holder.join(&net)?;
         if let Some(old) = self.agents.remove(agent) {
             // Attached again at once below, which writes the rules: the gateway keeps the agent's state.
             old.attachment.forget();
