@@ -8,8 +8,10 @@ Usage (as root, beside a density run; docs/benchmarks.md "Issue 14: density"):
     scripts/bench-create-phases.py events.jsonl
 
 For every agent network (`agenthold-<id>`) it takes the times of the network's create, the first
-`network connect` to it (the holder's join), the container's create and start, and prints the medians of the
-gaps per 50 agents, in milliseconds from the network's create.
+`network connect` to it (the holder's join through the engine before 2026-12-02 evening; since then the holder
+joins with the runtime's own veth pair and the first connect is the sandbox's endpoint at its start), the
+container's create and start, and prints the medians of the gaps per 50 agents, in milliseconds from the
+network's create.
 """
 import json, sys, statistics
 ev = []

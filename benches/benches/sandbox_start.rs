@@ -698,7 +698,9 @@ fn add_events(sample: &mut Sample, recorder: &Recorder, instance: &str) {
             t.mark_first("holder container started", &events, |e| {
                 is_holder(e) && e.is("container", "start")
             });
-            t.mark_first("holder joined the network", &events, |e| {
+            // The holder joins with the runtime's own veth pair (no engine event); the engine's first
+            // `connect` on the agent's network is the sandbox's own endpoint, made by the start.
+            t.mark_first("sandbox endpoint connected", &events, |e| {
                 e.is("network", "connect") && e.name() == own
             });
             t.mark_first("volume created", &events, |e| {
@@ -935,20 +937,20 @@ fn covers(kind: Kind, name: &str) -> &'static str {
             "record saved; iptables DOCKER-USER (4 calls), nft host table; holder inspect + create"
         }
         "holder container started" => "holder start",
-        "holder joined the network" => {
-            "(warm: record, iptables, nft, holder inspect) `ip addr` in holder ns, disconnect none, network connect"
-        }
+        "sandbox endpoint connected" => "start request: the engine connects the sandbox's endpoint",
         "volume created" => {
-            "ip route del / ip addr add .2, nft ruleset in holder ns, listeners bound; create volume"
+            "beside it: nft host set, holder veth pair (3 `ip` runs), nft set elements, listeners; create volume"
         }
         "container created" => "create container",
         "boot files uploaded" => "token saved in the store, tar packed, upload (PUT archive)",
-        "container started" => "start container (veth, runc)",
+        "container started" => "start container (runc, embedded DNS of a user-defined network)",
         "create_sandbox returns" => "start request returns",
         "exec created" => "create exec",
         "exec started" => "start exec (attach)",
-        "exec process exited" => "sandboxd run -- true",
-        "first exec returns" => "output drained, inspect exec (1–20 ms waits while still running)",
+        "exec process exited" => "sandboxd run -- true (runc exec)",
+        "first exec returns" => {
+            "output drained, inspect exec (a hand-out: the command given to the run started ahead, no engine exec)"
+        }
         _ => "",
     }
 }

@@ -145,7 +145,16 @@ impl Topology {
         }
         self.host_add(engine, &net)?;
         let (holder, datapath) = self.holder(engine, gateway, config).await?;
-        let iface = holder.join(&net)?;
+        // Three `ip` runs: on a blocking thread, so a create's sandbox side (engine calls polled by the same
+        // task) goes on meanwhile.
+        let iface = {
+            let (holder, net) = (holder.clone(), net.clone());
+            tokio::task::spawn_blocking(move || holder.join(&net))
+                .await
+                .map_err(|e| Error::Unavailable {
+                    problem: format!("joining the gateway to the agent network: {e}"),
+                })??
+        };
         if let Some(old) = self.agents.remove(agent) {
             // Attached again at once below, which writes the rules: the gateway keeps the agent's state.
             old.attachment.forget();
