@@ -303,6 +303,7 @@ impl DockerSandbox {
                 network::Created::Made => break net,
                 network::Created::SubnetTaken if tries < SUBNET_TRIES => {
                     tries += 1;
+                    topo.subnet_refused();
                     tracing::debug!(agent = %agent, subnet = %net.subnet, "subnet taken meanwhile; picking another");
                 }
                 network::Created::SubnetTaken => {

@@ -82,18 +82,26 @@ pub async fn allocate_subnet(
     prefix: u8,
     taken: &HashSet<Ipv4Net>,
 ) -> Result<Ipv4Net> {
+    let mut used = engine_subnets(docker).await?;
+    used.extend(taken.iter().copied());
+    pick_subnet(pool, prefix, &used)
+}
+
+/// The subnets of every network the engine has (one listing: its cost grows with the number of networks).
+///
+/// # Errors
+/// When the engine cannot list networks.
+pub async fn engine_subnets(docker: &Docker) -> Result<Vec<Ipv4Net>> {
     let networks = docker
         .list_networks(None::<ListNetworksOptions>)
         .await
         .map_err(|e| Error::engine("list networks", e))?;
-    let mut used: Vec<Ipv4Net> = networks
+    Ok(networks
         .iter()
         .filter_map(|n| n.ipam.as_ref()?.config.as_ref())
         .flatten()
         .filter_map(|c| c.subnet.as_deref()?.parse().ok())
-        .collect();
-    used.extend(taken.iter().copied());
-    pick_subnet(pool, prefix, &used)
+        .collect())
 }
 
 /// The first `/prefix` of `pool` that overlaps none of `used` (networks of any size: older agents keep

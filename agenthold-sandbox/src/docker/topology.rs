@@ -16,7 +16,7 @@ use super::DockerConfig;
 use crate::docker::engine::Engine;
 use crate::docker::holder::Holder;
 use crate::docker::hostfw;
-use crate::docker::network::{AgentNetwork, allocate_subnet};
+use crate::docker::network::{AgentNetwork, engine_subnets, pick_subnet};
 use crate::error::{Error, Result};
 use crate::table::AgentTable;
 use crate::tunnel::TunnelServer;
@@ -50,6 +50,10 @@ struct Served {
     attachment: Attachment,
 }
 
+/// How long a listing of the engine's subnets is used for new networks before it is taken again (networks
+/// other programs removed meanwhile become free again then).
+const ENGINE_SUBNETS_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The holder and the agents it serves.
 #[derive(Default)]
 pub(crate) struct Topology {
@@ -58,6 +62,10 @@ pub(crate) struct Topology {
     agents: BTreeMap<AgentId, Served>,
     /// Subnets handed out but maybe not yet visible in the engine.
     reserved: HashSet<Ipv4Net>,
+    /// The engine's subnets as last listed, and when: listed again after [`ENGINE_SUBNETS_TTL`] or when the
+    /// engine refused a subnet as taken ([`Topology::subnet_refused`]), not on every create (the listing
+    /// grows with the number of networks).
+    engine_subnets: Option<(std::time::Instant, Vec<Ipv4Net>)>,
     /// Whether the holder goes when it serves no agent (the runtime is shutting down); otherwise an idle
     /// holder stays up for the next create.
     release_idle: bool,
@@ -72,11 +80,28 @@ impl Topology {
         prefix: u8,
         agent: &AgentId,
     ) -> Result<AgentNetwork> {
-        let mut taken = self.reserved.clone();
-        taken.extend(self.agents.values().map(|a| a.net.subnet));
-        let subnet = allocate_subnet(&engine.docker, pool, prefix, &taken).await?;
+        let listed = match &self.engine_subnets {
+            Some((at, subnets)) if at.elapsed() < ENGINE_SUBNETS_TTL => subnets.clone(),
+            _ => {
+                let subnets = engine_subnets(&engine.docker).await?;
+                self.engine_subnets = Some((std::time::Instant::now(), subnets.clone()));
+                subnets
+            }
+        };
+        // Ours made since the listing are here; another program's are refused by the engine, which makes
+        // the next allocation list again.
+        let mut used = listed;
+        used.extend(self.reserved.iter().copied());
+        used.extend(self.agents.values().map(|a| a.net.subnet));
+        let subnet = pick_subnet(pool, prefix, &used)?;
         self.reserved.insert(subnet);
         Ok(AgentNetwork::for_agent(agent, subnet))
+    }
+
+    /// The engine refused a subnet [`Topology::allocate`] picked as overlapping one of its networks: list
+    /// them again for the next pick.
+    pub(crate) fn subnet_refused(&mut self) {
+        self.engine_subnets = None;
     }
 
     /// The running holder and its datapath, (re)created when missing or replaced.

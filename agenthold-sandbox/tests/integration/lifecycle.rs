@@ -359,3 +359,62 @@ async fn agents_are_created_whatever_their_names_sort_to() {
     })
     .await;
 }
+
+/// The runtime lists the engine's subnets at most every few seconds, not on every create: networks another
+/// program made in the pool meanwhile (more than the retries a create has) are refused by the engine, which
+/// makes the runtime list again and step over all of them.
+// covers: E1 (agent networks never overlap another network)
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn networks_made_by_others_meanwhile_are_stepped_over() {
+    use bollard::models::{Ipam, IpamConfig, NetworkCreateRequest};
+    let env = Env::start().await;
+    env.guard(async {
+        let docker = docker().await;
+        let first = env.sandbox(None).await;
+        let taken = network(&first).await.subnet;
+        // The next 20 /28s of the pool, each another program's network (the runtime's listing is older).
+        let foreign: Vec<ipnet::Ipv4Net> = (1..=20u32)
+            .map(|i| {
+                let start = u32::from(taken.network()) + i * 16;
+                ipnet::Ipv4Net::new(std::net::Ipv4Addr::from(start), 28).unwrap()
+            })
+            .collect();
+        for (i, subnet) in foreign.iter().enumerate() {
+            let request = NetworkCreateRequest {
+                name: format!("agenthold-it-foreign-{}-{i}", env.instance),
+                internal: Some(true),
+                ipam: Some(Ipam {
+                    config: Some(vec![IpamConfig {
+                        subnet: Some(subnet.to_string()),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                labels: Some([("agenthold.instance".to_owned(), env.instance.clone())].into()),
+                ..Default::default()
+            };
+            docker.create_network(request).await.expect("a foreign network");
+        }
+        let second = env.sandbox(None).await;
+        let got = network(&second).await.subnet;
+        assert!(
+            foreign
+                .iter()
+                .all(|f| !f.contains(&got.network()) && !got.contains(&f.network())),
+            "{got} overlaps another program's network"
+        );
+        let curl = format!("curl -sS -m 5 --noproxy '*' -o /dev/null -w '%{{http_code}}' https://{ALLOWED}/");
+        assert_eq!(
+            env.sh(&second, &curl).await.stdout,
+            "200",
+            "the second agent has egress"
+        );
+        for i in 0..foreign.len() {
+            let _ = docker
+                .remove_network(&format!("agenthold-it-foreign-{}-{i}", env.instance))
+                .await;
+        }
+    })
+    .await;
+}
