@@ -932,7 +932,7 @@ fn covers(kind: Kind, name: &str) -> &'static str {
         };
     }
     match name {
-        "network created" => "require_image, list networks (subnet), inspect + create network",
+        "network created" => "require_image, list networks (at most every 10 s), inspect + create network",
         "holder container created" => {
             "record saved; iptables DOCKER-USER (4 calls), nft host table; holder inspect + create"
         }
