@@ -252,7 +252,7 @@ pub(crate) async fn start_with(
     } else {
         let _ = input.shutdown().await;
     }
-    let first = (!rest.is_empty()).then(|| ExecChunk::Stdout(rest.into()));
+    let first = (!rest.is_empty()).then_some(ExecChunk::Stdout(rest));
     Ok(Ok(into_stream(engine, id, exec_id, output, first)))
 }
 

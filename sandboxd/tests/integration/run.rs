@@ -353,7 +353,7 @@ fn a_run_started_ahead_refuses_a_bad_request() {
         .unwrap();
     let mut bad_length = good.clone();
     bad_length.truncate(good.len() - 1);
-    let mut wrong_version = good.clone();
+    let mut wrong_version = good;
     wrong_version[14] = b'9';
     for input in [Vec::new(), b"garbage\n".to_vec(), bad_length, wrong_version] {
         let (code, stdout, stderr) = run_ahead(&root, "ahead6", input);
