@@ -51,22 +51,7 @@ pub(crate) async fn start_raw(
         working_dir: request.cwd,
         ..Default::default()
     };
-    let container = container_name(agent);
-    let created = engine
-        .docker
-        .create_exec(&container, options)
-        .await
-        .map_err(|e| Error::engine(format!("exec in {agent}"), e))?;
-    let started = engine
-        .docker
-        .start_exec(&created.id, None)
-        .await
-        .map_err(|e| Error::engine(format!("exec in {agent}"), e))?;
-    let StartExecResults::Attached { output, mut input } = started else {
-        return Err(Error::Unavailable {
-            problem: "the engine detached an attached exec".into(),
-        });
-    };
+    let (exec_id, output, mut input) = attach(engine, agent, options).await?;
     if let Some(stdin) = request.stdin {
         // Feed stdin from a task so a command that writes before reading cannot deadlock us.
         tokio::spawn(async move {
@@ -76,7 +61,31 @@ pub(crate) async fn start_raw(
     } else {
         let _ = input.shutdown().await;
     }
-    Ok(into_stream(engine, id, created.id, output, None))
+    Ok(into_stream(engine, id, exec_id, output, None))
+}
+
+/// Create and start an exec in `agent`'s sandbox, attached: its engine id, output and stdin.
+async fn attach(
+    engine: &Engine,
+    agent: &AgentId,
+    options: CreateExecOptions<String>,
+) -> Result<(String, Output, Input)> {
+    let created = engine
+        .docker
+        .create_exec(&container_name(agent), options)
+        .await
+        .map_err(|e| Error::engine(format!("exec in {agent}"), e))?;
+    let started = engine
+        .docker
+        .start_exec(&created.id, None)
+        .await
+        .map_err(|e| Error::engine(format!("exec in {agent}"), e))?;
+    let StartExecResults::Attached { output, input } = started else {
+        return Err(Error::Unavailable {
+            problem: "the engine detached an attached exec".into(),
+        });
+    };
+    Ok((created.id, output, input))
 }
 
 /// The engine's output of exec `exec_id` as the stream of the command known as `id`: `first` (output read
@@ -103,6 +112,9 @@ fn into_stream(
     ExecStream::new(id, stream::iter(first.map(Ok)).chain(chunks).chain(exit))
 }
 
+/// The stdin half of an attached exec.
+type Input = std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>;
+
 /// The output half of an attached exec.
 type Output = std::pin::Pin<
     Box<dyn futures_util::Stream<Item = std::result::Result<LogOutput, bollard::errors::Error>> + Send>,
@@ -116,7 +128,7 @@ pub(crate) struct Ahead {
     id: String,
     /// The engine's exec.
     exec_id: String,
-    input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    input: Input,
     output: Output,
 }
 
@@ -142,24 +154,10 @@ pub(crate) async fn start_ahead(engine: &Engine, agent: &AgentId) -> Result<Ahea
         cmd: Some(sandboxd::contract::command::run_ahead(&id)),
         ..Default::default()
     };
-    let created = engine
-        .docker
-        .create_exec(&container_name(agent), options)
-        .await
-        .map_err(|e| Error::engine(format!("exec in {agent}"), e))?;
-    let started = engine
-        .docker
-        .start_exec(&created.id, None)
-        .await
-        .map_err(|e| Error::engine(format!("exec in {agent}"), e))?;
-    let StartExecResults::Attached { output, input } = started else {
-        return Err(Error::Unavailable {
-            problem: "the engine detached an attached exec".into(),
-        });
-    };
+    let (exec_id, output, input) = attach(engine, agent, options).await?;
     Ok(Ahead {
         id,
-        exec_id: created.id,
+        exec_id,
         input,
         output,
     })

@@ -230,6 +230,18 @@ async fn runs_started_ahead(docker: &bollard::Docker, agent: &AgentId) -> Vec<(S
     found
 }
 
+/// Waits for the pool's sandbox and returns it with the one run waiting in it (exec id, engine exec id).
+async fn pooled_with_a_run_ahead(env: &Env) -> (bollard::Docker, AgentId, (String, String)) {
+    let docker = docker().await;
+    wait_ready(&env.runtime, 1).await;
+    let pooled = sandboxes_of(&env.instance).await;
+    assert_eq!(pooled.len(), 1, "one pooled sandbox: {pooled:?}");
+    let ahead = runs_started_ahead(&docker, &pooled[0]).await;
+    assert_eq!(ahead.len(), 1, "one run waits in the pooled sandbox: {ahead:?}");
+    let ahead = ahead[0].clone();
+    (docker, pooled[0].clone(), ahead)
+}
+
 // covers: P1 (a command's environment, input, directory, exit code and cancel are the same through the run
 // started ahead)
 /// The first command after a hand-out is given to the `sandboxd run` the pool started ahead (no engine exec
@@ -241,18 +253,13 @@ async fn the_first_command_after_a_hand_out_skips_the_engines_exec() {
     let env = Env::start_with(|c| c.sandbox.warm_pool = 1).await;
     env.guard(Box::pin(async {
         let runtime = &env.runtime;
-        let docker = docker().await;
-        wait_ready(runtime, 1).await;
-        let pooled = sandboxes_of(&env.instance).await;
-        let ahead = runs_started_ahead(&docker, &pooled[0]).await;
-        assert_eq!(ahead.len(), 1, "one run waits in the pooled sandbox: {ahead:?}");
-        let (ahead_id, _) = ahead[0].clone();
+        let (docker, pooled, (ahead_id, _)) = pooled_with_a_run_ahead(&env).await;
 
         let mut full = spec();
         full.env.insert("AH_SPEC".into(), "from-spec".into());
         full.env.insert("AH_BOTH".into(), "spec".into());
         let agent = runtime.create_sandbox(full).await.expect("hand-out");
-        assert_eq!(agent, pooled[0]);
+        assert_eq!(agent, pooled);
         let request = ExecRequest {
             argv: vec![
                 "sh".into(),
@@ -341,12 +348,7 @@ async fn a_run_started_ahead_that_died_falls_back_to_an_engine_exec() {
     let env = Env::start_with(|c| c.sandbox.warm_pool = 1).await;
     env.guard(Box::pin(async {
         let runtime = &env.runtime;
-        let docker = docker().await;
-        wait_ready(runtime, 1).await;
-        let pooled = sandboxes_of(&env.instance).await;
-        let ahead = runs_started_ahead(&docker, &pooled[0]).await;
-        assert_eq!(ahead.len(), 1, "{ahead:?}");
-        let (ahead_id, exec) = ahead[0].clone();
+        let (docker, pooled, (ahead_id, exec)) = pooled_with_a_run_ahead(&env).await;
         let pid = docker
             .inspect_exec(&exec)
             .await
@@ -359,13 +361,13 @@ async fn a_run_started_ahead_that_died_falls_back_to_an_engine_exec() {
         )
         .expect("kill the run started ahead");
         let gone = wait_for(Duration::from_secs(10), || async {
-            runs_started_ahead(&docker, &pooled[0]).await.is_empty()
+            runs_started_ahead(&docker, &pooled).await.is_empty()
         })
         .await;
         assert!(gone.is_some(), "the run started ahead is still there");
 
         let agent = runtime.create_sandbox(spec()).await.expect("hand-out");
-        assert_eq!(agent, pooled[0]);
+        assert_eq!(agent, pooled);
         let request = ExecRequest {
             argv: vec!["sh".into(), "-c".into(), "cat; exit 5".into()],
             stdin: Some(b"once".to_vec()),
