@@ -51,9 +51,15 @@ pub(crate) async fn start_raw(
         working_dir: request.cwd,
         ..Default::default()
     };
-    let (exec_id, output, mut input) = attach(engine, agent, options).await?;
-    if let Some(stdin) = request.stdin {
-        // Feed stdin from a task so a command that writes before reading cannot deadlock us.
+    let (exec_id, output, input) = attach(engine, agent, options).await?;
+    feed(input, request.stdin).await;
+    Ok(into_stream(engine, id, exec_id, output, None))
+}
+
+/// Give a command its stdin and close it (at once when there is none). Fed from a task, so a command that
+/// writes before it reads cannot deadlock us.
+async fn feed(mut input: Input, stdin: Option<Vec<u8>>) {
+    if let Some(stdin) = stdin {
         tokio::spawn(async move {
             let _ = input.write_all(&stdin).await;
             let _ = input.shutdown().await;
@@ -61,7 +67,6 @@ pub(crate) async fn start_raw(
     } else {
         let _ = input.shutdown().await;
     }
-    Ok(into_stream(engine, id, exec_id, output, None))
 }
 
 /// Create and start an exec in `agent`'s sandbox, attached: its engine id, output and stdin.
@@ -242,14 +247,7 @@ pub(crate) async fn start_with(
             });
         }
     };
-    if let Some(stdin) = request.stdin {
-        tokio::spawn(async move {
-            let _ = input.write_all(&stdin).await;
-            let _ = input.shutdown().await;
-        });
-    } else {
-        let _ = input.shutdown().await;
-    }
+    feed(input, request.stdin).await;
     let first = (!rest.is_empty()).then_some(ExecChunk::Stdout(rest));
     Ok(Ok(into_stream(engine, id, exec_id, output, first)))
 }
