@@ -169,8 +169,9 @@ pub(crate) async fn start_ahead(engine: &Engine, agent: &AgentId) -> Result<Ahea
 }
 
 /// Give `request` to `ahead`. `Ok(Err(request))` when `ahead` cannot take it and it never started (the
-/// `run` ended, the engine's stream broke before the acknowledgement, or the request cannot be carried):
-/// the caller starts it as a new exec.
+/// `run` ended without acknowledging it, or the request cannot be carried): the caller starts it as a new
+/// exec. When the acknowledgement cannot be known (the engine's stream broke, or [`READY_WAIT`] passed),
+/// the command is cancelled by its id and this fails, so it never runs twice.
 pub(crate) async fn start_with(
     engine: &Engine,
     agent: &AgentId,
@@ -201,11 +202,13 @@ pub(crate) async fn start_with(
     };
     // Everything before the acknowledgement is sandboxd's (a complaint on stderr); the byte itself is
     // stripped, and what follows it in the same piece is the command's.
+    // `Ok(Err(said))`: the output ended without the byte, so the command never started. `Err(())`: the
+    // engine's stream broke, and the byte may have been lost on the way.
     let ready = tokio::time::timeout(READY_WAIT, async {
         let mut said = Vec::new();
         if input.write_all(&bytes).await.is_err() || input.flush().await.is_err() {
             // The `run` is gone (its stdin closed): nothing started.
-            return Err(said);
+            return Ok(Err(said));
         }
         while let Some(item) = output.next().await {
             match item {
@@ -213,21 +216,21 @@ pub(crate) async fn start_with(
                     if let Some((&first, rest)) = message.split_first()
                         && first == sandboxd::contract::request::READY
                     {
-                        return Ok(rest.to_vec());
+                        return Ok(Ok(rest.to_vec()));
                     }
                     said.extend_from_slice(&message);
                 }
                 Ok(LogOutput::StdErr { message }) => said.extend_from_slice(&message),
                 Ok(LogOutput::StdIn { .. }) => {}
-                Err(_) => break,
+                Err(_) => return Err(()),
             }
         }
-        Err(said)
+        Ok(Err(said))
     })
     .await;
     let rest = match ready {
-        Ok(Ok(rest)) => rest,
-        Ok(Err(said)) => {
+        Ok(Ok(Ok(rest))) => rest,
+        Ok(Ok(Err(said))) => {
             tracing::warn!(
                 agent = %agent,
                 said = %String::from_utf8_lossy(&said[..said.len().min(512)]),
@@ -235,13 +238,14 @@ pub(crate) async fn start_with(
             );
             return Ok(Err(request));
         }
-        Err(_) => {
-            // It may still take it: make sure it never starts, then fail (starting it elsewhere could run
-            // it twice).
+        Ok(Err(())) | Err(_) => {
+            // It may have taken it, or still take it: make sure it never starts (or is killed), then fail;
+            // starting it elsewhere could run it twice.
             let _ = cancel(engine, agent, &id).await;
             return Err(Error::Unavailable {
                 problem: format!(
-                    "the sandbox of {agent} did not take the command within {} s",
+                    "the sandbox of {agent} did not acknowledge the command (the engine's stream broke, or \
+                     {} s passed)",
                     READY_WAIT.as_secs()
                 ),
             });
