@@ -187,15 +187,29 @@ impl TestPostgres {
         let Some(mut running) = self.running.lock().unwrap().take() else {
             return;
         };
-        let pgid = nix::unistd::Pid::from_raw(running.server.id() as i32);
-        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
+        use nix::sys::signal::{Signal, kill, killpg};
+        use nix::unistd::Pid;
+        let postmaster = running.server.id() as i32;
+        let pgid = Pid::from_raw(postmaster);
+        // PostgreSQL's children (backends, background workers) each lead a process group of their own
+        // (`setsid` in `InitPostmasterChild`), so the postmaster's group is not the whole server: a backend
+        // left alive for a moment still answered its client (a put "succeeded" after the kill) and kept
+        // the shared memory attached (the restart refused to start). Freeze the postmaster so it forks no
+        // more, kill every child's group, then the postmaster's.
+        let _ = kill(pgid, Signal::SIGSTOP);
+        let children = children_of(postmaster);
+        for child in &children {
+            let _ = killpg(Pid::from_raw(*child), Signal::SIGKILL);
+            let _ = kill(Pid::from_raw(*child), Signal::SIGKILL);
+        }
+        let _ = killpg(pgid, Signal::SIGKILL);
         let _ = running.server.wait();
         let _ = running.watcher.kill();
         let _ = running.watcher.wait();
-        // The server's children (backends) are in its process group: wait until none is left, so that a
-        // restart does not find the old shared memory still attached.
+        // Wait until none of them is left (a zombie counts as gone), so that a restart does not find the old
+        // shared memory still attached.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while nix::sys::signal::killpg(pgid, None).is_ok() {
+        while killpg(pgid, None).is_ok() || children.iter().any(|c| alive(*c)) {
             assert!(Instant::now() < deadline, "postgres processes outlive SIGKILL");
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -364,6 +378,33 @@ fn unprivileged(mut command: Command) -> Command {
 /// A loopback TCP port for a new server: free now, below Linux's ephemeral range (32768-60999) so that no
 /// `bind(0)` (another test's upstream, an outgoing connection) takes it while the server is down between a
 /// kill and a restart, and never handed to two servers of this process.
+/// The state and parent of process `pid` from `/proc/<pid>/stat` (`None` when it is gone).
+fn stat_of(pid: i32) -> Option<(char, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold anything: the fields start after the last `)`.
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let parent = fields.next()?.parse().ok()?;
+    Some((state, parent))
+}
+
+/// Processes whose parent is `parent`.
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| stat_of(*pid).is_some_and(|(_, p)| p == parent))
+        .collect()
+}
+
+/// Whether `pid` still runs (a zombie does not).
+fn alive(pid: i32) -> bool {
+    stat_of(pid).is_some_and(|(state, _)| state != 'Z')
+}
+
 fn free_port() -> u16 {
     static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     let mut taken = TAKEN.lock().unwrap();
