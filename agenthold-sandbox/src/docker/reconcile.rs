@@ -24,6 +24,9 @@ use crate::docker::holder::Holder;
 use crate::error::{Error, Result};
 use crate::tunnel::new_token;
 
+/// How often agents that a gateway restore could not attach again are tried again.
+const RESTORE_RETRY: Duration = Duration::from_secs(2);
+
 impl DockerSandbox {
     /// Restore every agent this installation knows (by its own records).
     pub(super) async fn reconcile_records(&self) -> Result<ReconcileReport> {
@@ -77,25 +80,53 @@ impl DockerSandbox {
     /// comes back empty and closed. Events about the holder agenthold itself just started change nothing.
     async fn restore_gateway(&self) -> Result<()> {
         let mut topo = self.topology.lock("restore the gateway container").await?;
-        if topo.agents().is_empty() || topo.holder_is_current(&self.engine).await? {
+        let pending = if topo.holder_is_current(&self.engine).await? {
+            // Nothing, or what a restore that failed part-way left for the new holder.
+            topo.awaiting()
+        } else if topo.is_empty() {
             return Ok(());
-        }
-        tracing::warn!("the gateway container was restarted or stopped; restoring the datapath");
-        let served = topo.take_all();
-        // Closed until each agent is attached again below.
-        crate::docker::holder::Holder::unplug_all(served.iter().map(|(_, net)| net));
-        for (agent, net) in served {
-            topo.attach(
-                &self.engine,
-                &self.gateway,
-                &self.tunnel,
-                &self.config,
-                &agent,
-                net,
-            )
-            .await?;
+        } else {
+            tracing::warn!("the gateway container was restarted or stopped; restoring the datapath");
+            let served = topo.take_all();
+            // Closed until each agent is attached again below.
+            Holder::unplug_all(served.iter().map(|(_, net)| net));
+            served
+        };
+        for (agent, net) in pending {
+            // One agent that cannot be attached (its network broken, say) must not cost the others their
+            // egress: it stays known without an attachment, closed, and is tried again
+            // ([`RESTORE_RETRY`]).
+            let attached = topo
+                .attach(
+                    &self.engine,
+                    &self.gateway,
+                    &self.tunnel,
+                    &self.config,
+                    &agent,
+                    net,
+                )
+                .await;
+            if let Err(e) = attached {
+                tracing::warn!(
+                    agent = %agent,
+                    error = %e,
+                    "cannot attach the agent to the gateway container again; trying again in {} s",
+                    RESTORE_RETRY.as_secs()
+                );
+            }
         }
         Ok(())
+    }
+
+    /// Try again for agents a restore could not attach (none: nothing is done, not even an engine call).
+    async fn retry_restore(&self) {
+        let awaiting = self
+            .topology
+            .try_lock("look for agents awaiting a restore")
+            .is_some_and(|topo| topo.awaiting_restore());
+        if awaiting && let Err(e) = self.restore_gateway().await {
+            tracing::warn!(error = %e, "restoring the datapath failed");
+        }
     }
 
     /// Watch engine events until `cancel`, restoring what restarts take away.
@@ -142,33 +173,47 @@ impl DockerSandbox {
             ..Default::default()
         };
         let mut events = self.engine.docker.events(Some(options));
-        while let Some(event) = events.next().await {
-            let event = event.map_err(|e| Error::engine("events", e))?;
-            let action = event.action.unwrap_or_default();
-            let labels = event.actor.and_then(|a| a.attributes).unwrap_or_default();
-            let role = labels.get(LABEL_ROLE).map(String::as_str);
-            let agent = labels.get(LABEL_AGENT).and_then(|a| AgentId::new(a.clone()).ok());
-            // Labels say what an object is; the name agenthold gave it must agree (S15): a container
-            // labelled as another agent's sandbox, or as the holder, is not acted on.
-            let name = labels.get("name").map(String::as_str);
-            let named_as_labelled = match (role, &agent) {
-                (Some("sandbox"), Some(agent)) => name == Some(container_name(agent).as_str()),
-                (Some("gateway"), _) => name == Some(Holder::name(&self.engine).as_str()),
-                _ => true,
+        let mut retry = tokio::time::interval(RESTORE_RETRY);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let event = tokio::select! {
+                event = events.next() => event,
+                _ = retry.tick() => {
+                    self.retry_restore().await;
+                    continue;
+                }
             };
-            if !named_as_labelled {
-                tracing::warn!(
-                    action,
-                    container = name.unwrap_or_default(),
-                    "engine event of a container whose labels do not match its name; ignored"
-                );
-                continue;
-            }
-            if let Err(e) = self.on_event(&action, role, agent.as_ref()).await {
-                tracing::warn!(action, error = %e, "restoring after an engine event failed");
-            }
+            let Some(event) = event else { break };
+            let event = event.map_err(|e| Error::engine("events", e))?;
+            self.handle_event(event).await;
         }
         Ok(())
+    }
+
+    async fn handle_event(&self, event: bollard::models::EventMessage) {
+        let action = event.action.unwrap_or_default();
+        let labels = event.actor.and_then(|a| a.attributes).unwrap_or_default();
+        let role = labels.get(LABEL_ROLE).map(String::as_str);
+        let agent = labels.get(LABEL_AGENT).and_then(|a| AgentId::new(a.clone()).ok());
+        // Labels say what an object is; the name agenthold gave it must agree (S15): a container labelled
+        // as another agent's sandbox, or as the holder, is not acted on.
+        let name = labels.get("name").map(String::as_str);
+        let named_as_labelled = match (role, &agent) {
+            (Some("sandbox"), Some(agent)) => name == Some(container_name(agent).as_str()),
+            (Some("gateway"), _) => name == Some(Holder::name(&self.engine).as_str()),
+            _ => true,
+        };
+        if !named_as_labelled {
+            tracing::warn!(
+                action,
+                container = name.unwrap_or_default(),
+                "engine event of a container whose labels do not match its name; ignored"
+            );
+            return;
+        }
+        if let Err(e) = self.on_event(&action, role, agent.as_ref()).await {
+            tracing::warn!(action, error = %e, "restoring after an engine event failed");
+        }
     }
 
     async fn on_event(&self, action: &str, role: Option<&str>, agent: Option<&AgentId>) -> Result<()> {

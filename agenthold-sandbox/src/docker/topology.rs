@@ -47,7 +47,10 @@ pub(crate) async fn save_token(store: &dyn Store, agent: &AgentId, hash: Option<
 struct Served {
     net: AgentNetwork,
     /// Rules, listeners and gateway attachment in the holder's namespace; ends the tunnel listener too.
-    attachment: Attachment,
+    /// `None` while the agent waits to be attached to a new holder (the old one died and attaching it again
+    /// failed so far): it stays here so that the host table, the subnet pick and a later restore still see
+    /// it.
+    attachment: Option<Attachment>,
 }
 
 /// How long a listing of the engine's subnets is used for new networks before it is taken again (networks
@@ -163,6 +166,7 @@ impl Topology {
     ) -> Result<()> {
         if let (Some(current), Some((h, _))) = (self.agents.get(agent), &self.holder)
             && current.net == net
+            && current.attachment.is_some()
             && h.is_current(engine).await?
         {
             // Already served by the running holder: rebinding would collide with the live listeners.
@@ -180,9 +184,9 @@ impl Topology {
                     problem: format!("joining the gateway to the agent network: {e}"),
                 })??
         };
-        if let Some(old) = self.agents.remove(agent) {
+        if let Some(old) = self.agents.remove(agent).and_then(|s| s.attachment) {
             // Attached again at once below, which writes the rules: the gateway keeps the agent's state.
-            old.attachment.forget();
+            old.forget();
         }
         self.reserved.remove(&net.subnet);
         let link = AgentAttachment {
@@ -196,7 +200,13 @@ impl Topology {
                 tokio::net::TcpListener::from_std(listener).map_err(|e| Error::io("tunnel listener", e))?;
             tokio::spawn(Arc::clone(tunnel).serve(agent.clone(), listener, attachment.cancelled()));
         }
-        self.agents.insert(agent.clone(), Served { net, attachment });
+        self.agents.insert(
+            agent.clone(),
+            Served {
+                net,
+                attachment: Some(attachment),
+            },
+        );
         Ok(())
     }
 
@@ -213,7 +223,7 @@ impl Topology {
     ) -> Result<()> {
         // Also when it is not attached here (before a reconcile): nothing of it may stay served.
         gateway.detach(agent);
-        let gone = self.agents.remove(agent).map(|s| s.attachment);
+        let gone = self.agents.remove(agent).and_then(|s| s.attachment);
         self.reserved.remove(&net.subnet);
         let (holder, datapath) = match self.holder.clone() {
             Some((h, datapath)) => (h, Some(datapath)),
@@ -275,27 +285,43 @@ impl Topology {
         }
     }
 
-    /// Forget the holder (it was replaced) and every attachment, handing back what was attached: the caller
+    /// Whether no agent is served.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.agents.is_empty()
+    }
+
+    /// Whether an agent waits to be attached to a new holder (a restore failed part-way).
+    pub(crate) fn awaiting_restore(&self) -> bool {
+        self.agents.values().any(|a| a.attachment.is_none())
+    }
+
+    /// The agents waiting to be attached to a new holder, and their networks.
+    pub(crate) fn awaiting(&self) -> Vec<(AgentId, AgentNetwork)> {
+        self.agents
+            .iter()
+            .filter(|(_, a)| a.attachment.is_none())
+            .map(|(agent, a)| (agent.clone(), a.net.clone()))
+            .collect()
+    }
+
+    /// Forget the holder (it was replaced) and every attachment, handing back every agent: the caller
     /// attaches each again, which finds or starts the current holder and rebinds every listener in its
-    /// namespace.
+    /// namespace. The agents stay known (without an attachment) until then, also when attaching one fails.
     pub(crate) fn take_all(&mut self) -> Vec<(AgentId, AgentNetwork)> {
         self.holder = None;
-        std::mem::take(&mut self.agents)
-            .into_iter()
+        self.agents
+            .iter_mut()
             .map(|(agent, served)| {
                 // The namespace is gone: the agent is attached again in the new one.
-                served.attachment.forget();
-                (agent, served.net)
+                if let Some(old) = served.attachment.take() {
+                    old.forget();
+                }
+                (agent.clone(), served.net.clone())
             })
             .collect()
     }
 
-    /// Agents currently attached.
-    pub(crate) fn agents(&self) -> Vec<AgentId> {
-        self.agents.keys().cloned().collect()
-    }
-
-    /// The network of an attached agent.
+    /// The network of a served agent (attached, or waiting to be attached again).
     pub(crate) fn network(&self, agent: &AgentId) -> Option<AgentNetwork> {
         self.agents.get(agent).map(|a| a.net.clone())
     }
@@ -325,7 +351,9 @@ impl Drop for Topology {
     /// over those of that next runtime.
     fn drop(&mut self) {
         for served in std::mem::take(&mut self.agents).into_values() {
-            served.attachment.forget();
+            if let Some(attachment) = served.attachment {
+                attachment.forget();
+            }
         }
     }
 }

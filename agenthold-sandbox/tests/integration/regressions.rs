@@ -165,3 +165,60 @@ async fn every_agent_gets_egress_back_after_a_gateway_restart() {
     })
     .await;
 }
+
+/// A gateway restore that failed for one agent forgot every agent it had not attached yet: `restore_gateway`
+/// took all of them out of the topology and stopped at the first error. Those agents stayed without egress
+/// for good (the next holder event found nobody to restore), and the host table was later rewritten without
+/// their bridges. Here one agent's bridge is missing while the holder is killed: the other agent must get
+/// its egress back, and the broken one once its bridge is back.
+// covers: S12, E3
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn an_agent_that_cannot_be_attached_again_costs_the_others_nothing() {
+    let env = Env::start().await;
+    env.guard(async {
+        let (good, broken) = (env.sandbox(None).await, env.sandbox(None).await);
+        let bridge = network(&broken).await.bridge;
+        let aside = format!("{bridge}x");
+        let ip = |args: &[&str]| {
+            let out = host("ip", args);
+            assert!(out.status.success(), "ip {args:?}: {out:?}");
+        };
+        let curl = format!("curl -sS -m 2 --noproxy '*' -o /dev/null -w '%{{http_code}}' https://{ALLOWED}/");
+        let egress = |agent| {
+            let curl = curl.clone();
+            let env = &env;
+            async move { env.sh(agent, &curl).await.stdout == "200" }
+        };
+        assert!(
+            egress(&good).await && egress(&broken).await,
+            "no egress before the kill"
+        );
+        // The holder cannot join a network whose bridge is not there.
+        ip(&["link", "set", "dev", &bridge, "down"]);
+        ip(&["link", "set", "dev", &bridge, "name", &aside]);
+        let options = bollard::query_parameters::KillContainerOptions {
+            signal: "SIGKILL".into(),
+        };
+        docker()
+            .await
+            .kill_container(&format!("agenthold-gw-{}", env.instance), Some(options))
+            .await
+            .expect("kill the holder");
+        let back = wait_for(Duration::from_secs(10), || egress(&good));
+        assert!(
+            back.await.is_some(),
+            "the agent whose network is fine has no egress 10 s after the gateway was killed"
+        );
+        assert!(!egress(&broken).await, "egress without a bridge");
+        ip(&["link", "set", "dev", &aside, "name", &bridge]);
+        ip(&["link", "set", "dev", &bridge, "up"]);
+        let back = wait_for(Duration::from_secs(10), || egress(&broken));
+        assert!(
+            back.await.is_some(),
+            "the agent is not attached again 10 s after its bridge came back"
+        );
+        assert!(egress(&good).await, "the retry took the other agent's egress");
+    })
+    .await;
+}
