@@ -242,6 +242,20 @@ impl DockerSandbox {
         Ok(())
     }
 
+    /// Serve `agent` on `net` through the gateway holder ([`topology::Topology::attach`]), in the topology the
+    /// caller holds.
+    async fn serve(&self, topo: &mut topology::Topology, agent: &AgentId, net: AgentNetwork) -> Result<()> {
+        topo.attach(
+            &self.engine,
+            &self.gateway,
+            &self.tunnel,
+            &self.config,
+            agent,
+            net,
+        )
+        .await
+    }
+
     /// Wait for `agent`'s background limits update, redoing it through the engine when it failed or is
     /// still not done after [`LIMITS_SYNC_WAIT`]: a start must not bring back older limits.
     async fn sync_limits(&self, agent: &AgentId) -> Result<()> {
@@ -338,16 +352,7 @@ impl DockerSandbox {
         made.container = true;
         let container_net = net.clone();
         let gateway_side = async move {
-            let attached = topo
-                .attach(
-                    &self.engine,
-                    &self.gateway,
-                    &self.tunnel,
-                    &self.config,
-                    agent,
-                    net,
-                )
-                .await;
+            let attached = self.serve(&mut topo, agent, net).await;
             drop(topo);
             attached
         };
@@ -517,15 +522,7 @@ impl Sandbox for DockerSandbox {
         self.sync_limits(agent).await?;
         {
             let mut topo = self.topology.lock("attach a started sandbox").await?;
-            topo.attach(
-                &self.engine,
-                &self.gateway,
-                &self.tunnel,
-                &self.config,
-                agent,
-                record.net,
-            )
-            .await?;
+            self.serve(&mut topo, agent, record.net).await?;
         }
         Ok(self.boot(agent).await?)
     }

@@ -47,15 +47,7 @@ impl DockerSandbox {
             };
             {
                 let mut topo = self.topology.lock("restore a sandbox after a restart").await?;
-                topo.attach(
-                    &self.engine,
-                    &self.gateway,
-                    &self.tunnel,
-                    &self.config,
-                    &agent,
-                    record.net.clone(),
-                )
-                .await?;
+                self.serve(&mut topo, &agent, record.net.clone()).await?;
             }
             match (running, record.token.as_deref().and_then(parse_hash)) {
                 (true, Some(hash)) => self.tunnel.expect(&agent, hash),
@@ -96,16 +88,7 @@ impl DockerSandbox {
             // One agent that cannot be attached (its network broken, say) must not cost the others their
             // egress: it stays known without an attachment, closed, and is tried again
             // ([`RESTORE_RETRY`]).
-            let attached = topo
-                .attach(
-                    &self.engine,
-                    &self.gateway,
-                    &self.tunnel,
-                    &self.config,
-                    &agent,
-                    net,
-                )
-                .await;
+            let attached = self.serve(&mut topo, &agent, net).await;
             if let Err(e) = attached {
                 tracing::warn!(
                     agent = %agent,
