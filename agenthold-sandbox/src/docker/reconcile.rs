@@ -24,8 +24,11 @@ use crate::docker::holder::Holder;
 use crate::error::{Error, Result};
 use crate::tunnel::new_token;
 
-/// How often agents that a gateway restore could not attach again are tried again.
+/// When agents that a gateway restore could not attach again are tried again first; the wait doubles
+/// with every attempt that leaves one of them unattached, up to [`RESTORE_RETRY_MAX`].
 const RESTORE_RETRY: Duration = Duration::from_secs(2);
+/// The longest wait between two attempts to attach agents a restore left unattached.
+const RESTORE_RETRY_MAX: Duration = Duration::from_secs(60);
 
 impl DockerSandbox {
     /// Restore every agent this installation knows (by its own records).
@@ -93,8 +96,7 @@ impl DockerSandbox {
                 tracing::warn!(
                     agent = %agent,
                     error = %e,
-                    "cannot attach the agent to the gateway container again; trying again in {} s",
-                    RESTORE_RETRY.as_secs()
+                    "cannot attach the agent to the gateway container again; it stays closed and is tried again"
                 );
             }
         }
@@ -102,14 +104,20 @@ impl DockerSandbox {
     }
 
     /// Try again for agents a restore could not attach (none: nothing is done, not even an engine call).
-    async fn retry_restore(&self) {
-        let awaiting = self
-            .topology
-            .try_lock("look for agents awaiting a restore")
-            .is_some_and(|topo| topo.awaiting_restore());
-        if awaiting && let Err(e) = self.restore_gateway().await {
+    /// Whether one still waits afterwards.
+    async fn retry_restore(&self) -> bool {
+        let awaiting = || {
+            self.topology
+                .try_lock("look for agents awaiting a restore")
+                .is_some_and(|topo| topo.awaiting_restore())
+        };
+        if !awaiting() {
+            return false;
+        }
+        if let Err(e) = self.restore_gateway().await {
             tracing::warn!(error = %e, "restoring the datapath failed");
         }
+        awaiting()
     }
 
     /// Watch engine events until `cancel`, restoring what restarts take away.
@@ -156,13 +164,18 @@ impl DockerSandbox {
             ..Default::default()
         };
         let mut events = self.engine.docker.events(Some(options));
-        let mut retry = tokio::time::interval(RESTORE_RETRY);
-        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut retry_in = RESTORE_RETRY;
+        let mut retry_at = tokio::time::Instant::now() + retry_in;
         loop {
             let event = tokio::select! {
                 event = events.next() => event,
-                _ = retry.tick() => {
-                    self.retry_restore().await;
+                () = tokio::time::sleep_until(retry_at) => {
+                    retry_in = if self.retry_restore().await {
+                        (retry_in * 2).min(RESTORE_RETRY_MAX)
+                    } else {
+                        RESTORE_RETRY
+                    };
+                    retry_at = tokio::time::Instant::now() + retry_in;
                     continue;
                 }
             };
