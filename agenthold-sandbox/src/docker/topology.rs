@@ -184,7 +184,8 @@ impl Topology {
                     problem: format!("joining the gateway to the agent network: {e}"),
                 })??
         };
-        if let Some(old) = self.agents.remove(agent).and_then(|s| s.attachment) {
+        // Taken, not removed: should attaching fail below, a served agent stays known (waiting, closed).
+        if let Some(old) = self.agents.get_mut(agent).and_then(|s| s.attachment.take()) {
             // Attached again at once below, which writes the rules: the gateway keeps the agent's state.
             old.forget();
         }
