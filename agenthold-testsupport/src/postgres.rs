@@ -375,9 +375,6 @@ fn unprivileged(mut command: Command) -> Command {
     command
 }
 
-/// A loopback TCP port for a new server: free now, below Linux's ephemeral range (32768-60999) so that no
-/// `bind(0)` (another test's upstream, an outgoing connection) takes it while the server is down between a
-/// kill and a restart, and never handed to two servers of this process.
 /// The state and parent of process `pid` from `/proc/<pid>/stat` (`None` when it is gone).
 fn stat_of(pid: i32) -> Option<(char, i32)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -405,6 +402,9 @@ fn alive(pid: i32) -> bool {
     stat_of(pid).is_some_and(|(state, _)| state != 'Z')
 }
 
+/// A loopback TCP port for a new server: free now, below Linux's ephemeral range (32768-60999) so that no
+/// `bind(0)` (another test's upstream, an outgoing connection) takes it while the server is down between a
+/// kill and a restart, and never handed to two servers of this process.
 fn free_port() -> u16 {
     static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     let mut taken = TAKEN.lock().unwrap();
