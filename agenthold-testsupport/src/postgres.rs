@@ -184,7 +184,7 @@ impl TestPostgres {
     /// Kill the server and all its processes with SIGKILL (as a power cut would), and wait until they are
     /// gone. No-op when it is not running.
     pub fn kill(&self) {
-        let Some(mut running) = self.running.lock().unwrap().take() else {
+        let Some(mut running) = self.lock_running().take() else {
             return;
         };
         use nix::sys::signal::{Signal, kill, killpg};
@@ -210,7 +210,11 @@ impl TestPostgres {
         // shared memory still attached.
         let deadline = Instant::now() + Duration::from_secs(10);
         while killpg(pgid, None).is_ok() || children.iter().any(|c| alive(*c)) {
-            assert!(Instant::now() < deadline, "postgres processes outlive SIGKILL");
+            if Instant::now() >= deadline {
+                // From `Drop` while a test unwinds, a second panic would abort every test of the binary.
+                assert!(std::thread::panicking(), "postgres processes outlive SIGKILL");
+                return;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -218,7 +222,7 @@ impl TestPostgres {
     /// Start the server (again, after [`TestPostgres::kill`]) and wait until it accepts connections
     /// (after crash recovery when it was killed). No-op when it is running.
     pub fn start_again(&self) {
-        let mut running = self.running.lock().unwrap();
+        let mut running = self.lock_running();
         if running.is_some() {
             return;
         }
@@ -248,6 +252,13 @@ impl TestPostgres {
                 "shared_buffers=32MB",
                 "-c",
                 "fsync=on",
+                // The write-ahead log may otherwise grow to 1 GB per server before a checkpoint recycles
+                // it; the store tests run several servers at once, and a CI host with little disk free ran
+                // out ("No space left on device" in crash recovery).
+                "-c",
+                "max_wal_size=64MB",
+                "-c",
+                "min_wal_size=32MB",
             ])
             .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .env("LC_ALL", "C")
@@ -292,9 +303,13 @@ impl TestPostgres {
             if ready {
                 return;
             }
-            if let Some(running) = self.running.lock().unwrap().as_mut()
-                && let Ok(Some(status)) = running.server.try_wait()
-            {
+            // Read the exit status with the lock held, panic without it: a panic under the lock poisons it,
+            // and `Drop`'s `kill` then panicked a second time, which aborted the whole test binary.
+            let exited = self
+                .lock_running()
+                .as_mut()
+                .and_then(|running| running.server.try_wait().ok().flatten());
+            if let Some(status) = exited {
                 panic!("postgres exited ({status}): {}", self.log_tail());
             }
             assert!(
@@ -304,6 +319,14 @@ impl TestPostgres {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The running server's handles. A lock poisoned by a panicking test still guards sound data (the
+    /// handles are replaced whole), and `Drop` must still reach the server to kill it.
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, Option<Running>> {
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The end of the server's log, for failure messages.
