@@ -300,37 +300,48 @@ impl DockerSandbox {
 
     async fn create_inner(&self, agent: &AgentId, spec: &ContainerSpec, made: &mut Made) -> Result<()> {
         image::require_image(&self.engine.docker, spec.image()).await?;
-        let mut topo = self.topology.lock("create a sandbox network").await?;
-        // Another runtime on the same engine may take the subnet we picked before we create the network;
-        // the engine then refuses it and we pick the next free one (the refused one stays reserved).
-        let mut tries = 0;
-        let net = loop {
-            let net = topo
-                .allocate(
-                    &self.engine,
-                    self.config.subnet_pool,
-                    self.config.subnet_prefix,
-                    agent,
-                )
-                .await?;
-            match crate::docker::network::create(&self.engine, agent, &net).await? {
-                network::Created::Made => break net,
-                network::Created::SubnetTaken if tries < SUBNET_TRIES => {
-                    tries += 1;
-                    topo.subnet_refused();
-                    tracing::debug!(agent = %agent, subnet = %net.subnet, "subnet taken meanwhile; picking another");
-                }
-                network::Created::SubnetTaken => {
-                    return Err(Error::Unavailable {
-                        problem: format!(
-                            "the engine refused {SUBNET_TRIES} subnets of sandbox.subnet_pool as overlapping other \
-                             networks; is another program creating networks in that range?"
-                        ),
-                    });
+        // The volume does not depend on the network: it is made (or found kept) while the network is.
+        let network_side = async {
+            let mut topo = self.topology.lock("create a sandbox network").await?;
+            // Another runtime on the same engine may take the subnet we picked before we create the
+            // network; the engine then refuses it and we pick the next free one (the refused one stays
+            // reserved).
+            let mut tries = 0;
+            loop {
+                let net = topo
+                    .allocate(
+                        &self.engine,
+                        self.config.subnet_pool,
+                        self.config.subnet_prefix,
+                        agent,
+                    )
+                    .await?;
+                match crate::docker::network::create(&self.engine, agent, &net).await? {
+                    network::Created::Made => return Ok((topo, net)),
+                    network::Created::SubnetTaken if tries < SUBNET_TRIES => {
+                        tries += 1;
+                        topo.subnet_refused();
+                        tracing::debug!(agent = %agent, subnet = %net.subnet, "subnet taken meanwhile; picking another");
+                    }
+                    network::Created::SubnetTaken => {
+                        return Err(Error::Unavailable {
+                            problem: format!(
+                                "the engine refused {SUBNET_TRIES} subnets of sandbox.subnet_pool as overlapping \
+                                 other networks; is another program creating networks in that range?"
+                            ),
+                        });
+                    }
                 }
             }
         };
-        made.network = Some(net.clone());
+        // Both run to their end, like the two branches below.
+        let (volume, network) = tokio::join!(ensure_volume(&self.engine, agent), network_side);
+        made.volume = matches!(volume, Ok(true));
+        if let Ok((_, net)) = &network {
+            made.network = Some(net.clone());
+        }
+        volume?;
+        let (mut topo, net) = network?;
         made.record = true;
         topology::RECORDS
             .save(
@@ -343,12 +354,11 @@ impl DockerSandbox {
             )
             .await?;
         // Two independent branches once the network exists: the gateway side (host firewall, holder
-        // join, rules, listeners) and the sandbox side (volume, container, boot files). The container
+        // join, rules, listeners) and the sandbox side (container, boot files). The container
         // starts only when both are done, so the rules and listeners exist before its first packet (E1). A
         // teardown removes whatever exists, so on failure everything either branch may have made is
         // undone.
         made.attached = true;
-        made.volume = true;
         made.container = true;
         let container_net = net.clone();
         let gateway_side = async move {
@@ -357,16 +367,6 @@ impl DockerSandbox {
             attached
         };
         let sandbox_side = async {
-            let volume = VolumeCreateRequest {
-                name: Some(volume_name(agent)),
-                labels: Some(self.engine.labels(Some(agent), "volume")),
-                ..Default::default()
-            };
-            self.engine
-                .docker
-                .create_volume(volume)
-                .await
-                .map_err(|e| Error::engine("create the volume", e))?;
             container::create(&self.engine, agent, spec, &container_net, &self.config).await?;
             self.prepare_boot(agent).await
         };
@@ -415,6 +415,27 @@ impl DockerSandbox {
         }
         topology::RECORDS.delete(self.store.as_ref(), agent).await
     }
+}
+
+/// Make `agent`'s volume unless it exists already (kept by a `remove` with `keep_volume`, for the agent's
+/// next sandbox): true when this call made it, so that only then does a failed create remove it.
+async fn ensure_volume(engine: &Engine, agent: &AgentId) -> Result<bool> {
+    match engine.docker.inspect_volume(&volume_name(agent)).await {
+        Ok(_) => return Ok(false),
+        Err(e) if is_not_found(&e) => {}
+        Err(e) => return Err(Error::engine("inspect the volume", e)),
+    }
+    let volume = VolumeCreateRequest {
+        name: Some(volume_name(agent)),
+        labels: Some(engine.labels(Some(agent), "volume")),
+        ..Default::default()
+    };
+    engine
+        .docker
+        .create_volume(volume)
+        .await
+        .map_err(|e| Error::engine("create the volume", e))?;
+    Ok(true)
 }
 
 /// How many times a removal is tried when the storage driver could not delete the root filesystem yet.
@@ -501,7 +522,9 @@ impl Sandbox for DockerSandbox {
             }),
             Err(e) => {
                 if made.anything()
-                    && let Err(undo) = self.teardown(agent, false, made.network.clone()).await
+                    // A volume this create did not make was kept by an earlier `remove`: it holds the
+                    // agent's work and outlives the failed create.
+                    && let Err(undo) = self.teardown(agent, !made.volume, made.network.clone()).await
                 {
                     tracing::error!(agent = %agent, error = %undo, "cleanup after a failed create failed");
                 }

@@ -417,7 +417,8 @@ impl Runtime {
         self.remove_with(agent, false).await
     }
 
-    /// Remove a sandbox, keeping its volume when `keep_volume`.
+    /// Remove a sandbox, keeping its volume when `keep_volume`. The agent's next sandbox (a create with
+    /// the same id) mounts the kept volume at `/workspace` again; a create that fails leaves it in place.
     ///
     /// # Errors
     /// As [`Runtime::remove`].

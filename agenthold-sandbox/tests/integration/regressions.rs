@@ -259,3 +259,42 @@ impl Drop for PutBack {
             .output();
     }
 }
+
+/// `remove_with(agent, keep_volume = true)` keeps the agent's volume for its next sandbox, but a create
+/// for that agent that failed removed every volume of the agent, the kept one too: the failed create
+/// took the agent's earlier work with it. Only a volume the failed create made itself goes.
+// covers: P1
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn a_failed_create_keeps_the_volume_an_earlier_remove_kept() {
+    let env = Env::start().await;
+    env.guard(async {
+        let agent = env.next_agent();
+        env.runtime
+            .create_sandbox_with_id(&agent, spec())
+            .await
+            .expect("create");
+        let out = env.sh(&agent, "echo kept-work > /workspace/notes.txt").await;
+        assert_eq!(out.code, 0, "{out}");
+        env.runtime.remove_with(&agent, true).await.unwrap();
+
+        let broken = SandboxSpec {
+            runtime: Some("no-such-runtime".into()),
+            ..spec()
+        };
+        let failed = env.runtime.create_sandbox_with_id(&agent, broken).await;
+        assert!(failed.is_err(), "a create with an unknown runtime succeeded");
+
+        env.runtime
+            .create_sandbox_with_id(&agent, spec())
+            .await
+            .expect("create again on the kept volume");
+        let out = env.sh(&agent, "cat /workspace/notes.txt").await;
+        assert_eq!(
+            out.stdout.trim(),
+            "kept-work",
+            "the kept volume did not survive the failed create: {out}"
+        );
+    })
+    .await;
+}
