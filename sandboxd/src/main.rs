@@ -49,7 +49,9 @@
 //!    holds when it is not PID 1 (`docker run --init`, tests).
 //!
 //! ## Tunnel protocol, version 1 (client side)
-//! Lines end with `\n`; each line is at most 256 bytes. The client connects to `$AGENTHOLD_TUNNEL` (`IP:PORT`,
+//! Lines end with `\n`; each line is at most 256 bytes. Before its first connect the client waits (up to 10 s)
+//! for the sandbox's network: the runtime plugs it in just after the start, and until then it has loopback
+//! only. The client connects to `$AGENTHOLD_TUNNEL` (`IP:PORT`,
 //! IPv6 as `[IP]:PORT`) and sends `AGENTHOLD-TUNNEL 1 <agent-id> <token>\n` (`<agent-id>` from
 //! `$AGENTHOLD_AGENT`, a non-empty printable string without spaces). The server answers `OK\n`, or
 //! `ERR <reason>\n` (the client closes and retries later). Then, every 10 s of silence, the client sends

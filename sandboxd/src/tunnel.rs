@@ -3,7 +3,7 @@
 //! with a timeout on every connect, read and write, and reconnection with backoff forever (S12).
 
 use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use sandboxd::contract::{ENV_AGENT, ENV_TUNNEL, tunnel as wire};
@@ -237,8 +237,35 @@ fn authenticated(
     }
 }
 
+/// The longest wait for the sandbox's network before the first connect ([`wait_for_network`]).
+const NETWORK_WAIT: Duration = Duration::from_secs(10);
+
+/// How often [`wait_for_network`] looks.
+const NETWORK_POLL: Duration = Duration::from_millis(5);
+
+/// Wait (at most `limit`) until this network namespace has a route to `addr`: the runtime plugs the sandbox
+/// into its network just after the start (it has loopback only until then), and a first connect before that
+/// would fail at once and cost a whole backoff step. The probe is a UDP `connect`, which only looks up the
+/// route and sends nothing. A namespace that never gets one just goes on after `limit`.
+fn wait_for_network(addr: SocketAddr, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let local: SocketAddr = match addr {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let routed = || {
+        UdpSocket::bind(local)
+            .and_then(|probe| probe.connect(addr))
+            .is_ok()
+    };
+    while !routed() && Instant::now() < deadline {
+        std::thread::sleep(NETWORK_POLL);
+    }
+}
+
 /// Runs the client forever: sessions with backoff in between. Logs state changes, not every retry.
 pub(crate) fn run_forever(cfg: &TunnelConfig) -> ! {
+    wait_for_network(cfg.addr, NETWORK_WAIT);
     let mut backoff = cfg.backoff;
     let mut last_error: Option<String> = None;
     loop {
@@ -378,5 +405,15 @@ mod tests {
             session(&config(addr), &mut || {}),
             SessionEnd::Io("connect", _)
         ));
+    }
+
+    #[test]
+    fn a_routed_address_is_not_waited_for() {
+        // The probe itself must work: were it to fail everywhere, every boot would wait the whole limit.
+        let limit = Duration::from_secs(60);
+        let started = Instant::now();
+        wait_for_network("127.0.0.1:9".parse().expect("addr"), limit);
+        wait_for_network("[::1]:9".parse().expect("addr"), Duration::from_millis(50));
+        assert!(started.elapsed() < Duration::from_secs(30));
     }
 }

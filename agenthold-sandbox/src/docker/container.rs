@@ -145,8 +145,16 @@ pub(crate) async fn create(
         labels: Some(labels),
         stop_signal: Some("SIGTERM".to_owned()),
         host_config: Some(HostConfig {
-            network_mode: Some(net.name.clone()),
+            // No engine endpoint: the runtime plugs the sandbox into its network after every start
+            // (`network::plug_sandbox`); until then it has loopback only.
+            network_mode: Some("none".to_owned()),
             dns: Some(vec![net.gateway_addr().to_string()]),
+            // The interface the runtime moves in later takes the namespace's defaults: no IPv6 on it (the
+            // agent network has none; no link-local address toward the bridge).
+            sysctls: Some(std::collections::HashMap::from([(
+                "net.ipv6.conf.default.disable_ipv6".to_owned(),
+                "1".to_owned(),
+            )])),
             // Default capabilities minus NET_RAW: raw frames reach the bridge's host side otherwise. Never
             // privileged, never NET_ADMIN (E2, S1).
             cap_drop: Some(vec!["NET_RAW".to_owned()]),

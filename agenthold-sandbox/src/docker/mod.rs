@@ -268,10 +268,11 @@ impl DockerSandbox {
         }
     }
 
-    /// A new boot: fresh token (its hash expected by the tunnel and persisted), files written, started.
-    async fn boot(&self, agent: &AgentId) -> Result<()> {
+    /// A new boot: fresh token (its hash expected by the tunnel and persisted), files written, started and
+    /// plugged into `net`.
+    async fn boot(&self, agent: &AgentId, net: &AgentNetwork) -> Result<()> {
         self.prepare_boot(agent).await?;
-        self.start_booted(agent).await
+        self.start_booted(agent, net).await
     }
 
     /// The first half of a boot, for a created container that is not running: a fresh token, its hash
@@ -283,8 +284,14 @@ impl DockerSandbox {
         container::write_boot_files(&self.engine, agent, &token, &self.config.ca_pem).await
     }
 
-    /// The second half of a boot: start the prepared container.
-    async fn start_booted(&self, agent: &AgentId) -> Result<()> {
+    /// The second half of a boot: start the prepared container and plug it into `net`.
+    async fn start_booted(&self, agent: &AgentId, net: &AgentNetwork) -> Result<()> {
+        self.start_prepared(agent).await?;
+        self.plug(agent, net).await
+    }
+
+    /// Start the prepared container; it has loopback only until [`Self::plug`].
+    async fn start_prepared(&self, agent: &AgentId) -> Result<()> {
         // Marked until the event watcher sees this start, so it does not mistake it for a foreign one.
         self.starting().insert(agent.clone());
         let started = self
@@ -298,84 +305,162 @@ impl DockerSandbox {
         })
     }
 
+    /// Plug `agent`'s started sandbox into `net` ([`network::plug_sandbox`]). Nothing to do for a sandbox an
+    /// earlier version made (an engine endpoint of its network) or one that is not running (any more: its
+    /// next start plugs it).
+    async fn plug(&self, agent: &AgentId, net: &AgentNetwork) -> Result<()> {
+        let found = self
+            .engine
+            .docker
+            .inspect_container(&container_name(agent), None::<InspectContainerOptions>)
+            .await
+            .map_err(|e| Error::engine(format!("inspect the sandbox of {agent}"), e))?;
+        let mode = found.host_config.as_ref().and_then(|h| h.network_mode.as_deref());
+        if mode != Some("none") {
+            return Ok(());
+        }
+        let state = found.state.unwrap_or_default();
+        let pid = state.pid.and_then(|p| u32::try_from(p).ok()).filter(|p| *p > 0);
+        let (Some(true), Some(pid)) = (state.running, pid) else {
+            return Ok(());
+        };
+        let id = found.id.unwrap_or_default();
+        let target = net.clone();
+        let plugged = tokio::task::spawn_blocking(move || network::plug_sandbox(&target, &id, pid))
+            .await
+            .map_err(|e| Error::Unavailable {
+                problem: format!("plugging the sandbox of {agent} into its network: {e}"),
+            })?;
+        match plugged {
+            Ok(()) => Ok(()),
+            Err(_) if !self.is_running(agent).await? => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn create_inner(&self, agent: &AgentId, spec: &ContainerSpec, made: &mut Made) -> Result<()> {
         image::require_image(&self.engine.docker, spec.image()).await?;
-        // The volume does not depend on the network: it is made (or found kept) while the network is.
-        let network_side = async {
-            let mut topo = self.topology.lock("create a sandbox network").await?;
-            // Another runtime on the same engine may take the subnet we picked before we create the
-            // network; the engine then refuses it and we pick the next free one (the refused one stays
-            // reserved).
-            let mut tries = 0;
-            loop {
-                let net = topo
-                    .allocate(
-                        &self.engine,
-                        self.config.subnet_pool,
-                        self.config.subnet_prefix,
-                        agent,
-                    )
-                    .await?;
-                match crate::docker::network::create(&self.engine, agent, &net).await? {
-                    network::Created::Made => return Ok((topo, net)),
-                    network::Created::SubnetTaken if tries < SUBNET_TRIES => {
-                        tries += 1;
-                        topo.subnet_refused();
-                        tracing::debug!(agent = %agent, subnet = %net.subnet, "subnet taken meanwhile; picking another");
-                    }
-                    network::Created::SubnetTaken => {
-                        return Err(Error::Unavailable {
-                            problem: format!(
-                                "the engine refused {SUBNET_TRIES} subnets of sandbox.subnet_pool as overlapping \
-                                 other networks; is another program creating networks in that range?"
-                            ),
-                        });
-                    }
-                }
-            }
-        };
-        // Both run to their end, like the two branches below.
-        let (volume, network) = tokio::join!(ensure_volume(&self.engine, agent), network_side);
-        made.volume = matches!(volume, Ok(true));
-        if let Ok((_, net)) = &network {
-            made.network = Some(net.clone());
-        }
-        volume?;
-        let (mut topo, net) = network?;
-        made.record = true;
-        topology::RECORDS
-            .save(
-                self.store.as_ref(),
+        let mut topo = self.topology.lock("create a sandbox network").await?;
+        let planned = topo
+            .allocate(
+                &self.engine,
+                self.config.subnet_pool,
+                self.config.subnet_prefix,
                 agent,
-                &AgentRecord {
-                    net: net.clone(),
-                    token: None,
-                },
             )
             .await?;
-        // Two independent branches once the network exists: the gateway side (host firewall, holder
-        // join, rules, listeners) and the sandbox side (container, boot files). The container
-        // starts only when both are done, so the rules and listeners exist before its first packet (E1). A
-        // teardown removes whatever exists, so on failure everything either branch may have made is
-        // undone.
+        // Two branches once the subnet is chosen: the network side (the engine's network, the record, then
+        // the gateway side: host firewall, holder join, rules, listeners) and the sandbox side (volume,
+        // container, boot files, start). The sandbox is not an endpoint of the network: it has loopback only
+        // until it is plugged in (`network::plug_sandbox`), which waits for both sides, so the rules and
+        // listeners exist before its first packet (E1). The start waits only for the engine's network
+        // (should the engine refuse the planned subnet, the container, whose environment names that
+        // subnet's `.2`, is made again for the one that exists). Both run to their end (no cancelling a
+        // branch halfway through an engine call, which could make an object after the teardown looked for
+        // it); a teardown removes whatever exists.
         made.attached = true;
         made.container = true;
-        let container_net = net.clone();
-        let gateway_side = async move {
-            let attached = self.serve(&mut topo, agent, net).await;
-            drop(topo);
-            attached
+        // The boot token's hash goes into the record the network side saves (a boot's usual
+        // `prepare_boot` would race with that save); the sandbox side writes the token itself.
+        let (token, hash) = new_token();
+        self.tunnel.expect(agent, hash);
+        let (network_made, network_known) = tokio::sync::oneshot::channel::<AgentNetwork>();
+        let mut made_network = None;
+        let network_side = async {
+            let net = match self.make_network(&mut topo, agent, planned.clone()).await {
+                Ok(net) => net,
+                Err(e) => {
+                    // At once, not when this future is dropped: the sandbox side waits for it.
+                    drop(network_made);
+                    return Err(e);
+                }
+            };
+            made_network = Some(net.clone());
+            let _ = network_made.send(net.clone());
+            topology::RECORDS
+                .save(
+                    self.store.as_ref(),
+                    agent,
+                    &AgentRecord {
+                        net: net.clone(),
+                        token: Some(hex::encode(hash)),
+                    },
+                )
+                .await?;
+            self.serve(&mut topo, agent, net.clone()).await?;
+            Ok::<_, Error>(net)
         };
         let sandbox_side = async {
-            container::create(&self.engine, agent, spec, &container_net, &self.config).await?;
-            self.prepare_boot(agent).await
+            let made_volume = ensure_volume(&self.engine, agent).await?;
+            let started = async {
+                let ca = &self.config.ca_pem;
+                container::create(&self.engine, agent, spec, &planned, &self.config).await?;
+                container::write_boot_files(&self.engine, agent, &token, ca).await?;
+                // Dropped unsent: the network side failed, and says why.
+                let Ok(net) = network_known.await else {
+                    return Ok(());
+                };
+                if net != planned {
+                    remove_sandbox_container(&self.engine, agent).await?;
+                    container::create(&self.engine, agent, spec, &net, &self.config).await?;
+                    container::write_boot_files(&self.engine, agent, &token, ca).await?;
+                }
+                self.start_prepared(agent).await
+            };
+            Ok::<_, Error>((made_volume, started.await))
         };
-        // Both run to their end (no cancelling a branch halfway through an engine call, which could make
-        // an object after the teardown looked for it).
-        let (attached, prepared) = tokio::join!(gateway_side, sandbox_side);
-        attached?;
-        prepared?;
-        self.start_booted(agent).await
+        let (network, sandbox) = tokio::join!(network_side, sandbox_side);
+        drop(topo);
+        // What either side made, for the teardown of a failed create. The record is saved with the
+        // network, so it counts as soon as the network does.
+        if let Ok((made_volume, _)) = &sandbox {
+            made.volume = *made_volume;
+        }
+        made.record = made_network.is_some();
+        made.network = made_network;
+        let net = network?;
+        let (_, started) = sandbox?;
+        started?;
+        self.plug(agent, &net).await
+    }
+
+    /// Create `agent`'s network on `planned`, or on the next free subnet when the engine refuses it as
+    /// overlapping: another runtime on the same engine may take the subnet we picked before we create the
+    /// network (the refused one stays reserved).
+    async fn make_network(
+        &self,
+        topo: &mut topology::Topology,
+        agent: &AgentId,
+        planned: AgentNetwork,
+    ) -> Result<AgentNetwork> {
+        let mut net = planned;
+        let mut tries = 0;
+        loop {
+            match crate::docker::network::create(&self.engine, agent, &net).await? {
+                network::Created::Made => return Ok(net),
+                network::Created::SubnetTaken if tries < SUBNET_TRIES => {
+                    tries += 1;
+                    topo.subnet_refused();
+                    tracing::debug!(agent = %agent, subnet = %net.subnet, "subnet taken meanwhile; picking another");
+                    net = topo
+                        .allocate(
+                            &self.engine,
+                            self.config.subnet_pool,
+                            self.config.subnet_prefix,
+                            agent,
+                        )
+                        .await?;
+                }
+                network::Created::SubnetTaken => {
+                    return Err(Error::Unavailable {
+                        problem: format!(
+                            "the engine refused {SUBNET_TRIES} subnets of sandbox.subnet_pool as overlapping \
+                             other networks; is another program creating networks in that range?"
+                        ),
+                    });
+                }
+            }
+        }
     }
 
     /// Remove the container, the agent's attachment, network and record; the volume unless `keep_volume`.
@@ -545,9 +630,9 @@ impl Sandbox for DockerSandbox {
         self.sync_limits(agent).await?;
         {
             let mut topo = self.topology.lock("attach a started sandbox").await?;
-            self.serve(&mut topo, agent, record.net).await?;
+            self.serve(&mut topo, agent, record.net.clone()).await?;
         }
-        Ok(self.boot(agent).await?)
+        Ok(self.boot(agent, &record.net).await?)
     }
 
     async fn stop(&self, agent: &AgentId) -> agenthold_core::Result<()> {

@@ -3,18 +3,23 @@
 //!
 //! Each network is one `/sandbox.subnet_prefix` (default `/28`) of `sandbox.subnet_pool`; an agent keeps the
 //! network in its record, so networks of an older size (a `/24` each before) stay valid. Its addresses: the
-//! network address; `.2` (the network's gateway, held inside the gateway namespace); the sandbox's, which
-//! Docker assigns (the first free one, `.1`); the gateway holder's join address, the last address before
-//! broadcast (`.254` in a `/24`, `.14` in a `/28`); and broadcast.
+//! network address; the sandbox's, `.1`; `.2` (the network's gateway, held inside the gateway namespace);
+//! the gateway holder's join address, the last address before broadcast (`.254` in a `/24`, `.14` in a
+//! `/28`); and broadcast. The engine reserves `.1` and the join address, so it never hands them out.
 //!
-//! The network is created `--internal` with a stable bridge name and `--gateway <subnet>.2`: Docker then
-//! gives every container on it a default route via `.2` by itself, across restarts, without any privileged
-//! step in the sandbox (E2). On Docker 20.10 the bridge gets no host address through
-//! `com.docker.network.bridge.inhibit_ipv4=true`; Docker ≥ 28 has `gateway_mode_ipv4=isolated` for that.
+//! The network is created `--internal` with a stable bridge name and `--gateway <subnet>.2`. On Docker 20.10
+//! the bridge gets no host address through `com.docker.network.bridge.inhibit_ipv4=true`; Docker ≥ 28 has
+//! `gateway_mode_ipv4=isolated` for that. Neither the sandbox nor the gateway holder is an engine endpoint
+//! of it: the runtime plugs both in with veth pairs of its own ([`plug_sandbox`] after every start of the
+//! sandbox, [`crate::docker::holder::Holder::join`]). The engine's start of a container on a user-defined
+//! network (its endpoint, its embedded DNS) cost ≈ 120 ms more than a start without one, and the network
+//! no longer has to exist before the container is created (docs/benchmarks.md, "Issue 14: sandbox start").
+//! Sandboxes made by earlier versions (engine endpoints) keep working as they are.
 // enforces: E1
 
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
 
 use agenthold_core::AgentId;
 use bollard::Docker;
@@ -24,6 +29,7 @@ use ipnet::Ipv4Net;
 use sha2::{Digest, Sha256};
 
 use crate::docker::engine::{Engine, is_not_found};
+use crate::docker::hostfw;
 use crate::error::{Error, Result};
 
 /// The names and addresses of one agent's network.
@@ -69,6 +75,20 @@ impl AgentNetwork {
     #[must_use]
     pub fn gateway_addr(&self) -> Ipv4Addr {
         agenthold_egress::datapath::gateway_addr(self.subnet)
+    }
+
+    /// The sandbox's address on this network: the first one (`.1`), which the engine also gave the
+    /// sandboxes it connected itself (before the runtime plugged them, see [`plug_sandbox`]).
+    #[must_use]
+    pub fn sandbox_addr(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.subnet.network()).saturating_add(1))
+    }
+
+    /// The host's end of the veth pair that plugs the sandbox into this network (a port of the bridge): the
+    /// bridge's name and `s`, 15 bytes.
+    #[must_use]
+    pub fn sandbox_port(&self) -> String {
+        format!("{}s", self.bridge)
     }
 }
 
@@ -176,10 +196,11 @@ pub async fn create(engine: &Engine, agent: &AgentId, net: &AgentNetwork) -> Res
                 gateway: Some(net.gateway_addr().to_string()),
                 // The holder's join address is the runtime's (its own veth, not an engine endpoint):
                 // the engine must never give it to a container.
-                auxiliary_addresses: Some(HashMap::from([(
-                    "agenthold-gateway".to_owned(),
-                    net.join_addr().to_string(),
-                )])),
+                // The same for the sandbox's own address (also plugged by the runtime).
+                auxiliary_addresses: Some(HashMap::from([
+                    ("agenthold-gateway".to_owned(), net.join_addr().to_string()),
+                    ("agenthold-sandbox".to_owned(), net.sandbox_addr().to_string()),
+                ])),
                 ..Default::default()
             }]),
             options: None,
@@ -222,6 +243,74 @@ pub async fn exists(docker: &Docker, name: &str) -> Result<bool> {
     }
 }
 
+/// The sandbox's interface inside its namespace.
+pub const SANDBOX_IFACE: &str = "eth0";
+
+/// Locally administered MAC prefix of the sandbox's interface, the rest its address: the gateway's neighbour
+/// entry for `.1` stays right across the sandbox's restarts, as the holder's own (`02:61`) does for `.2`.
+const SANDBOX_MAC_PREFIX: &str = "02:73";
+
+/// Plug a running sandbox into `net` (E1, E2): the sandbox is created without any network of the engine's
+/// (`none`, so the engine's start makes no endpoint), and after each start the runtime adds a veth pair, the
+/// host's end ([`AgentNetwork::sandbox_port`]) a port of the agent's bridge, the other [`SANDBOX_IFACE`]
+/// inside the sandbox with [`AgentNetwork::sandbox_addr`] and its default route via `.2`. Nothing in the
+/// sandbox is privileged for it, and a sandbox started by anyone else has no interface but loopback until
+/// the runtime plugs it. Idempotent: an interface plugged earlier in this boot is kept, what an interrupted
+/// plug left is made again. Two `ip` runs on the fast path.
+///
+/// `pid` is the sandbox's first process and `container_id` its container: the namespace is opened first and
+/// the process then checked to still be in the container's cgroup, so a process id reused after the sandbox
+/// stopped never gets (or loses) an interface.
+///
+/// # Errors
+/// When `pid` is not the sandbox's process (any more), or `ip` fails.
+pub(crate) fn plug_sandbox(net: &AgentNetwork, container_id: &str, pid: u32) -> Result<()> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+        .map_err(|e| Error::io(format!("open the network namespace of process {pid}"), e))?;
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    if container_id.is_empty() || !cgroup.contains(container_id) {
+        return Err(Error::Unavailable {
+            problem: format!("process {pid} is no longer the sandbox's; its network was not plugged"),
+        });
+    }
+    // The pinned namespace, for the `ip` and `nsenter` runs (they open it through this process).
+    let ns_path = format!("/proc/{}/fd/{}", std::process::id(), ns.as_raw_fd());
+    let enter = format!("--net={ns_path}");
+    let port = net.sandbox_port();
+    let [a, b, c, d] = net.sandbox_addr().octets();
+    let mac = format!("{SANDBOX_MAC_PREFIX}:{a:02x}:{b:02x}:{c:02x}:{d:02x}");
+    let make = format!(
+        "link add {port} type veth peer name {SANDBOX_IFACE} address {mac} netns {ns_path}\n\
+         link set {port} master {bridge} up\n",
+        bridge = net.bridge
+    );
+    if hostfw::checked("ip", &["-batch", "-"], Some(&make)).is_err() {
+        let inside = hostfw::run(
+            "nsenter",
+            &[&enter, "--", "ip", "-o", "link", "show", SANDBOX_IFACE],
+            None,
+        )?;
+        if inside.status.success() {
+            // Plugged earlier in this boot: the port back on the bridge, in case the engine made it anew.
+            hostfw::checked("ip", &["link", "set", &port, "master", &net.bridge, "up"], None)?;
+        } else {
+            // A port an interrupted plug (or an earlier boot's) left: the pair goes with it; start over once.
+            let _ = hostfw::run("ip", &["link", "del", &port], None);
+            hostfw::checked("ip", &["-batch", "-"], Some(&make))?;
+        }
+    }
+    let inside = format!(
+        "addr replace {addr}/{prefix} dev {SANDBOX_IFACE}\nlink set {SANDBOX_IFACE} up\n\
+         route replace default via {gateway}\n",
+        addr = net.sandbox_addr(),
+        prefix = net.subnet.prefix_len(),
+        gateway = net.gateway_addr(),
+    );
+    hostfw::checked("nsenter", &[&enter, "--", "ip", "-batch", "-"], Some(&inside))?;
+    drop(ns);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,6 +334,26 @@ mod tests {
         let other = AgentNetwork::for_agent(&AgentId::new("b").unwrap(), net.subnet);
         assert_ne!(net.bridge, other.bridge);
         assert!(net.holder_port().len() <= 15 && net.holder_port() != net.bridge);
+        assert!(net.sandbox_port().len() <= 15 && net.sandbox_port() != net.holder_port());
+        assert_eq!(small.sandbox_addr(), Ipv4Addr::new(10, 213, 5, 33));
+        assert_eq!(net.sandbox_addr(), Ipv4Addr::new(10, 213, 5, 1));
+    }
+
+    /// A process that is not the container's (a reused process id) never gets the sandbox's interface.
+    // covers: E1
+    #[test]
+    fn a_process_outside_the_container_is_never_plugged() {
+        let agent = AgentId::new("plug-guard").unwrap();
+        let net = AgentNetwork::for_agent(&agent, "10.213.250.0/28".parse().unwrap());
+        let refused = plug_sandbox(&net, &"ab".repeat(32), std::process::id());
+        assert!(matches!(refused, Err(Error::Unavailable { .. })), "{refused:?}");
+        assert!(
+            std::path::Path::new("/sys/class/net").exists()
+                && !std::path::Path::new("/sys/class/net")
+                    .join(net.sandbox_port())
+                    .exists(),
+            "no port was made"
+        );
     }
 
     fn pool() -> Ipv4Net {

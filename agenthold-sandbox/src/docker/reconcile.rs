@@ -52,6 +52,10 @@ impl DockerSandbox {
                 let mut topo = self.topology.lock("restore a sandbox after a restart").await?;
                 self.serve(&mut topo, &agent, record.net.clone()).await?;
             }
+            if running {
+                // Plugged already unless it was started while no runtime watched (idempotent).
+                self.plug(&agent, &record.net).await?;
+            }
             match (running, record.token.as_deref().and_then(parse_hash)) {
                 (true, Some(hash)) => self.tunnel.expect(&agent, hash),
                 // Running without a known token: a boot we never saw; give it a fresh one.
@@ -220,7 +224,12 @@ impl DockerSandbox {
                     return Ok(());
                 }
                 tracing::info!(agent = %agent, "sandbox started outside agenthold; issuing a boot token");
-                self.reboot_token(agent).await
+                self.reboot_token(agent).await?;
+                // Its network too: nobody else plugs it in (it has loopback only until then).
+                match topology::RECORDS.load(self.store.as_ref(), agent).await? {
+                    Some(record) => self.plug(agent, &record.net).await,
+                    None => Ok(()),
+                }
             }
             (Some("sandbox"), "die", Some(agent)) => {
                 // A late event of an earlier stop must not revoke the token of a boot that followed it.
@@ -236,7 +245,7 @@ impl DockerSandbox {
 }
 
 impl DockerSandbox {
-    async fn is_running(&self, agent: &AgentId) -> Result<bool> {
+    pub(super) async fn is_running(&self, agent: &AgentId) -> Result<bool> {
         match self
             .engine
             .docker

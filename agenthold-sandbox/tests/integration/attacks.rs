@@ -228,6 +228,66 @@ async fn nothing_but_the_gateway_answers_a_sandbox() {
     .await;
 }
 
+/// The sandbox is no endpoint of the engine's: it starts with loopback only (network `none`) and the runtime
+/// plugs it into its network after every start, also after one made outside agenthold (`docker stop` and
+/// `docker start`), which the event watcher sees. It has `.1`, a default route via `.2`, and no IPv6.
+// covers: E1, E2
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn the_runtime_plugs_the_sandbox_in_at_every_start() {
+    let env = Env::start().await;
+    env.guard(async {
+        let a = env.sandbox(None).await;
+        let net = network(&a).await;
+        let facts = container(&a).await;
+        let hc = docker()
+            .await
+            .inspect_container(&facts.id, None)
+            .await
+            .unwrap()
+            .host_config
+            .unwrap();
+        assert_eq!(hc.network_mode.as_deref(), Some("none"), "no engine endpoint");
+        assert_eq!(facts.ip, nth(net.subnet, 1), "the sandbox is .1");
+        let inside = "ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1; ip -6 -o addr show dev eth0; \
+                      cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6; ip route show default";
+        let out = env.sh(&a, inside).await.ok();
+        let lines: Vec<&str> = out.stdout.lines().map(str::trim).collect();
+        assert_eq!(
+            lines,
+            [
+                "lo",
+                "eth0",
+                "1",
+                &format!("default via {} dev eth0", net.gateway)
+            ],
+            "interfaces, IPv6 and route:\n{out}"
+        );
+        let curl = format!("curl -sS -m 5 --noproxy '*' -o /dev/null -w '%{{http_code}}' https://{ALLOWED}/");
+        assert_eq!(env.sh(&a, &curl).await.stdout, "200", "egress once created");
+
+        let name = format!("agenthold-{a}");
+        let stopped = host("docker", &["stop", "-t", "1", &name]);
+        assert!(stopped.status.success(), "{stopped:?}");
+        let started = host("docker", &["start", &name]);
+        assert!(started.status.success(), "{started:?}");
+        let plugged = wait_for(Duration::from_secs(30), || async {
+            env.sh(&a, "ip -o -4 addr show dev eth0").await.code == 0
+        });
+        assert!(
+            plugged.await.is_some(),
+            "a sandbox started outside agenthold is not plugged in again"
+        );
+        assert_eq!(container(&a).await.ip, nth(net.subnet, 1));
+        assert_eq!(
+            env.sh(&a, &curl).await.stdout,
+            "200",
+            "egress after a start outside agenthold"
+        );
+    })
+    .await;
+}
+
 // covers: E2, S1
 #[tokio::test]
 #[ignore = "needs root and Docker: run with make test"]
@@ -274,9 +334,8 @@ async fn a_sandbox_has_no_network_privileges() {
             format!("default via {} dev eth0", net_a.gateway),
             "E2: route via .2"
         );
-        // Docker (20.10, user-defined network) writes its embedded resolver 127.0.0.11 into resolv.conf and
-        // forwards from the sandbox's namespace to the `--dns` server, our `.2`: queries still end at the
-        // gateway's resolver (E9), which answers unlisted names with NXDOMAIN.
+        // The sandbox's resolv.conf (the runtime's, mounted read-only) names `.2`, and so does its
+        // `--dns`: queries end at the gateway's resolver (E9), which answers unlisted names with NXDOMAIN.
         let hc = docker()
             .await
             .inspect_container(&container(&a).await.id, None)

@@ -35,19 +35,35 @@ pub async fn container(agent: &AgentId) -> ContainerFacts {
         .await
         .expect("inspect the sandbox");
     let state = c.state.unwrap_or_default();
-    let networks = c.network_settings.and_then(|n| n.networks).unwrap_or_default();
-    let (_, endpoint) = networks.into_iter().next().expect("the sandbox has a network");
+    let pid = state.pid.unwrap_or(0);
     ContainerFacts {
         id: c.id.unwrap_or_default(),
         started_at: state.started_at.unwrap_or_default(),
-        pid: state.pid.unwrap_or(0),
-        ip: endpoint
-            .ip_address
-            .unwrap_or_default()
-            .parse()
-            .expect("sandbox address"),
+        pid,
+        ip: address_inside(pid),
         labels: c.config.and_then(|c| c.labels).unwrap_or_default(),
     }
+}
+
+/// The sandbox's address as its own namespace has it (the runtime plugs it in: the engine knows none).
+fn address_inside(pid: i64) -> Ipv4Addr {
+    let netns = format!("--net=/proc/{pid}/ns/net");
+    let out = crate::support::host(
+        "nsenter",
+        &[&netns, "--", "ip", "-o", "-4", "addr", "show", "dev", "eth0"],
+    );
+    assert!(out.status.success(), "the sandbox has an eth0: {out:?}");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let cidr = listing
+        .split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .expect("an IPv4 address on eth0");
+    cidr.split('/')
+        .next()
+        .unwrap_or_default()
+        .parse()
+        .expect("sandbox address")
 }
 
 /// The agent network's bridge, subnet and gateway (`.2`).
