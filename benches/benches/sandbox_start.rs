@@ -698,8 +698,8 @@ fn add_events(sample: &mut Sample, recorder: &Recorder, instance: &str) {
             t.mark_first("holder container started", &events, |e| {
                 is_holder(e) && e.is("container", "start")
             });
-            // The holder joins with the runtime's own veth pair (no engine event); the engine's first
-            // `connect` on the agent's network is the sandbox's own endpoint, made by the start.
+            // The holder and the sandbox join with the runtime's own veth pairs (no engine event); a
+            // `connect` on the agent's network is the endpoint of a sandbox an earlier version made.
             t.mark_first("sandbox endpoint connected", &events, |e| {
                 e.is("network", "connect") && e.name() == own
             });
@@ -932,19 +932,25 @@ fn covers(kind: Kind, name: &str) -> &'static str {
         };
     }
     match name {
-        "network created" => "require_image, list networks (at most every 10 s), inspect + create network",
+        "network created" => {
+            "beside the volume, container and upload: require_image, list networks (at most every 10 s), \
+             inspect + create network"
+        }
         "holder container created" => {
             "record saved; iptables DOCKER-USER (4 calls), nft host table; holder inspect + create"
         }
         "holder container started" => "holder start",
         "sandbox endpoint connected" => "start request: the engine connects the sandbox's endpoint",
         "volume created" => {
-            "beside it: nft host set, holder veth pair (3 `ip` runs), nft set elements, listeners; create volume"
+            "inspect + create volume (beside it: the network, then record, nft host set, holder veth pair, \
+             nft set elements, listeners)"
         }
         "container created" => "create container",
-        "boot files uploaded" => "token saved in the store, tar packed, upload (PUT archive)",
-        "container started" => "start container (runc, embedded DNS of a user-defined network)",
-        "create_sandbox returns" => "start request returns",
+        "boot files uploaded" => "tar packed, upload (PUT archive)",
+        "container started" => "start container on network none (runc), once the network exists",
+        "create_sandbox returns" => {
+            "start request returns; gateway side done; plug: inspect, veth pair and address (2 `ip` runs)"
+        }
         "exec created" => "create exec",
         "exec started" => "start exec (attach)",
         "exec process exited" => "sandboxd run -- true (runc exec)",
