@@ -367,6 +367,9 @@ impl DockerSandbox {
         let (network_made, network_known) = tokio::sync::oneshot::channel::<AgentNetwork>();
         let mut made_network = None;
         let network_side = async {
+            // Owned here, so that the topology is free for other creates once this agent is served (not
+            // held through the sandbox side's start).
+            let mut topo = topo;
             let net = match self.make_network(&mut topo, agent, planned.clone()).await {
                 Ok(net) => net,
                 Err(e) => {
@@ -388,6 +391,7 @@ impl DockerSandbox {
                 )
                 .await?;
             self.serve(&mut topo, agent, net.clone()).await?;
+            drop(topo);
             Ok::<_, Error>(net)
         };
         let sandbox_side = async {
@@ -410,7 +414,6 @@ impl DockerSandbox {
             Ok::<_, Error>((made_volume, started.await))
         };
         let (network, sandbox) = tokio::join!(network_side, sandbox_side);
-        drop(topo);
         // What either side made, for the teardown of a failed create. The record is saved with the
         // network, so it counts as soon as the network does.
         if let Ok((made_volume, _)) = &sandbox {
