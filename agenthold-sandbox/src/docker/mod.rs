@@ -341,14 +341,7 @@ impl DockerSandbox {
     async fn create_inner(&self, agent: &AgentId, spec: &ContainerSpec, made: &mut Made) -> Result<()> {
         image::require_image(&self.engine.docker, spec.image()).await?;
         let mut topo = self.topology.lock("create a sandbox network").await?;
-        let planned = topo
-            .allocate(
-                &self.engine,
-                self.config.subnet_pool,
-                self.config.subnet_prefix,
-                agent,
-            )
-            .await?;
+        let planned = self.allocate(&mut topo, agent).await?;
         // Two branches once the subnet is chosen: the network side (the engine's network, the record, then
         // the gateway side: host firewall, holder join, rules, listeners) and the sandbox side (volume,
         // container, boot files, start). The sandbox is not an endpoint of the network: it has loopback only
@@ -427,6 +420,12 @@ impl DockerSandbox {
         self.plug(agent, &net).await
     }
 
+    /// A free subnet of the configured pool for `agent` ([`topology::Topology::allocate`]).
+    async fn allocate(&self, topo: &mut topology::Topology, agent: &AgentId) -> Result<AgentNetwork> {
+        let (pool, prefix) = (self.config.subnet_pool, self.config.subnet_prefix);
+        topo.allocate(&self.engine, pool, prefix, agent).await
+    }
+
     /// Create `agent`'s network on `planned`, or on the next free subnet when the engine refuses it as
     /// overlapping: another runtime on the same engine may take the subnet we picked before we create the
     /// network (the refused one stays reserved).
@@ -445,14 +444,7 @@ impl DockerSandbox {
                     tries += 1;
                     topo.subnet_refused();
                     tracing::debug!(agent = %agent, subnet = %net.subnet, "subnet taken meanwhile; picking another");
-                    net = topo
-                        .allocate(
-                            &self.engine,
-                            self.config.subnet_pool,
-                            self.config.subnet_prefix,
-                            agent,
-                        )
-                        .await?;
+                    net = self.allocate(topo, agent).await?;
                 }
                 network::Created::SubnetTaken => {
                     return Err(Error::Unavailable {

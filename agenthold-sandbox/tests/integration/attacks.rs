@@ -240,13 +240,7 @@ async fn the_runtime_plugs_the_sandbox_in_at_every_start() {
         let a = env.sandbox(None).await;
         let net = network(&a).await;
         let facts = container(&a).await;
-        let hc = docker()
-            .await
-            .inspect_container(&facts.id, None)
-            .await
-            .unwrap()
-            .host_config
-            .unwrap();
+        let hc = host_config(&a).await;
         assert_eq!(hc.network_mode.as_deref(), Some("none"), "no engine endpoint");
         assert_eq!(facts.ip, nth(net.subnet, 1), "the sandbox is .1");
         let inside = "ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1; ip -6 -o addr show dev eth0; \
@@ -336,13 +330,7 @@ async fn a_sandbox_has_no_network_privileges() {
         );
         // The sandbox's resolv.conf (the runtime's, mounted read-only) names `.2`, and so does its
         // `--dns`: queries end at the gateway's resolver (E9), which answers unlisted names with NXDOMAIN.
-        let hc = docker()
-            .await
-            .inspect_container(&container(&a).await.id, None)
-            .await
-            .unwrap()
-            .host_config
-            .unwrap();
+        let hc = host_config(&a).await;
         assert_eq!(
             hc.dns,
             Some(vec![net_a.gateway.to_string()]),
@@ -466,13 +454,7 @@ async fn pid_and_memory_limits_hold() {
         };
         let a = env.sandbox(Some(spec)).await;
         let facts = container(&a).await;
-        let hc = docker()
-            .await
-            .inspect_container(&facts.id, None)
-            .await
-            .unwrap()
-            .host_config
-            .unwrap();
+        let hc = host_config(&a).await;
         assert_eq!((hc.pids_limit, hc.memory), (Some(64), Some(128 * 1024 * 1024)));
 
         // A bounded fork loop: the PID limit stops it with EAGAIN, and the sandbox survives.

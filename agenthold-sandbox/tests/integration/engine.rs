@@ -45,6 +45,17 @@ pub async fn container(agent: &AgentId) -> ContainerFacts {
     }
 }
 
+/// The engine's host configuration of `agenthold-<agent>`.
+pub async fn host_config(agent: &AgentId) -> bollard::models::HostConfig {
+    docker()
+        .await
+        .inspect_container(&format!("agenthold-{agent}"), None::<InspectContainerOptions>)
+        .await
+        .expect("inspect the sandbox")
+        .host_config
+        .expect("the sandbox's host configuration")
+}
+
 /// The sandbox's address as its own namespace has it (the runtime plugs it in: the engine knows none).
 fn address_inside(pid: i64) -> Ipv4Addr {
     let netns = format!("--net=/proc/{pid}/ns/net");

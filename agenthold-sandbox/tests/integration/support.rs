@@ -24,7 +24,7 @@ use agenthold_testsupport::{EchoServer, TestCa, TestDns};
 use bollard::Docker;
 use futures_util::FutureExt;
 
-pub use crate::engine::{container, engine_objects, network, sweep};
+pub use crate::engine::{container, engine_objects, host_config, network, sweep};
 
 /// On the allowlist, served by [`Upstreams::https`] and [`Upstreams::http`].
 pub const ALLOWED: &str = "allowed.test";
