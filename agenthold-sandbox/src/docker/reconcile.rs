@@ -52,9 +52,10 @@ impl DockerSandbox {
                 let mut topo = self.topology.lock("restore a sandbox after a restart").await?;
                 self.serve(&mut topo, &agent, record.net.clone()).await?;
             }
-            if running {
-                // Plugged already unless it was started while no runtime watched (idempotent).
-                self.plug(&agent, &record.net).await?;
+            // Plugged already unless it was started while no runtime watched (idempotent). One that cannot
+            // be plugged stays without a network (closed) and must not cost the others their restore.
+            if running && let Err(e) = self.plug(&agent, &record.net).await {
+                tracing::warn!(agent = %agent, error = %e, "cannot plug the sandbox into its network; it stays without one");
             }
             match (running, record.token.as_deref().and_then(parse_hash)) {
                 (true, Some(hash)) => self.tunnel.expect(&agent, hash),
