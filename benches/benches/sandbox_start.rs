@@ -698,11 +698,7 @@ fn add_events(sample: &mut Sample, recorder: &Recorder, instance: &str) {
             t.mark_first("holder container started", &events, |e| {
                 is_holder(e) && e.is("container", "start")
             });
-            // The holder and the sandbox join with the runtime's own veth pairs (no engine event); a
-            // `connect` on the agent's network is the endpoint of a sandbox an earlier version made.
-            t.mark_first("sandbox endpoint connected", &events, |e| {
-                e.is("network", "connect") && e.name() == own
-            });
+            // The holder and the sandbox join with the runtime's own veth pairs: no engine event.
             t.mark_first("volume created", &events, |e| {
                 e.is("volume", "create") && e.id == own
             });
@@ -940,7 +936,6 @@ fn covers(kind: Kind, name: &str) -> &'static str {
             "record saved; iptables DOCKER-USER (4 calls), nft host table; holder inspect + create"
         }
         "holder container started" => "holder start",
-        "sandbox endpoint connected" => "start request: the engine connects the sandbox's endpoint",
         "volume created" => {
             "inspect + create volume (beside it: the network, then record, nft host set, holder veth pair, \
              nft set elements, listeners)"
