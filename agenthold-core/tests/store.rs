@@ -200,3 +200,27 @@ fn redb_open_reports_missing_parent() {
     let err = RedbStore::open(dir.path().join("missing").join("db")).unwrap_err();
     assert!(matches!(err, Error::Store { backend: "redb", .. }), "{err:?}");
 }
+
+// covers: C2
+/// A sled lock that another descriptor still holds for a moment (a process forked by another thread
+/// shares it until it execs) does not fail the open: the open tries again until the lock is free. The
+/// crash test's parent once failed its reopen so on CI.
+#[cfg(feature = "sled")]
+#[test]
+fn sled_open_waits_out_a_lock_released_a_moment_later() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(open_sled(dir.path()).unwrap());
+    let holder = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(dir.path().join("sled").join("db"))
+        .unwrap();
+    holder.lock().unwrap();
+    let released = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(holder);
+    });
+    let store = open_sled(dir.path()).unwrap();
+    released.join().unwrap();
+    block_on(store.put("t", b"k", b"v")).unwrap();
+}

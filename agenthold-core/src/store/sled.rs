@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::ffi::OsString;
-use std::fs::{File, TryLockError};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -57,28 +57,31 @@ impl std::fmt::Debug for SledStore {
     }
 }
 
-/// How long [`SledStore::open`] waits for the lock of a database that another handle holds.
-const LOCK_WAIT: Duration = Duration::from_secs(1);
+/// How long [`SledStore::open`] keeps trying a database whose lock another handle holds.
+const LOCK_WAIT: Duration = Duration::from_secs(3);
 
-/// Wait (up to [`LOCK_WAIT`]) until nobody holds the lock on sled's file `log`, which sled tries only
-/// once. A lock can outlive its holder's close for a moment, most likely because a process forked by
-/// another thread at that moment shares the descriptor until it execs (the crash test, whose parent
-/// spawns children from two threads, saw such a lock vanish within milliseconds). A database that
-/// stays locked is left to sled to report.
-fn wait_for_lock(log: &Path) {
-    // Missing: sled creates it. Any other problem: sled reports it.
-    let Ok(file) = File::options().read(true).write(true).open(log) else {
-        return;
-    };
+/// Open the sled database at `path`, trying again (for up to [`LOCK_WAIT`]) while sled reports its lock
+/// taken; sled itself tries only once. A lock can outlive its holder's close for a moment when a process
+/// forked by another thread at that moment shares the descriptor until it execs (the crash test, whose
+/// parent spawns children from two threads, sees this). Trying sled's own open again, rather than probing
+/// the lock first, matters: a probe's lock can leak the same way and then fail the open that follows it
+/// (the crash test failed so on CI). A lock that stays taken is reported as sled reports it.
+fn open_db(path: &Path, op: &str) -> Result<sled::Db> {
     let deadline = Instant::now() + LOCK_WAIT;
-    // Both sled (through fs2) and std take flock(2) locks on Unix, so they see each other. Dropping
-    // `file` releases the lock taken here.
-    while let Err(TryLockError::WouldBlock) = file.try_lock() {
-        if Instant::now() >= deadline {
-            return;
+    loop {
+        match sled::Config::new().path(path).open() {
+            Err(sled::Error::Io(e)) if is_lock_conflict(&e) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            result => return result.map_err(|e| store_error(op, e)),
         }
-        std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Whether `e` is sled 0.34's "could not acquire lock" (an `Other` error carrying fs2's `WouldBlock`;
+/// sled keeps no other trace of the cause).
+fn is_lock_conflict(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::Other && e.to_string().starts_with("could not acquire lock")
 }
 
 fn store_error(op: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Error {
@@ -126,8 +129,8 @@ fn tree_name(table: &str) -> Vec<u8> {
 impl SledStore {
     /// Open the sled database directory at `path`, creating it when missing.
     ///
-    /// When another handle holds the database's lock, this waits up to one second for it to be
-    /// released before failing.
+    /// When another handle holds the database's lock, this keeps trying for up to three seconds
+    /// before failing.
     ///
     /// # Errors
     /// [`Error::Store`] when the directory cannot be opened, holds no sled database, is damaged, or is
@@ -138,11 +141,7 @@ impl SledStore {
         if !path.exists() {
             create(&path, &op)?;
         }
-        wait_for_lock(&path.join("db"));
-        let db = sled::Config::new()
-            .path(&path)
-            .open()
-            .map_err(|e| store_error(&op, e))?;
+        let db = open_db(&path, &op)?;
         let mut trees = HashMap::new();
         for name in db.tree_names() {
             let Some(table) = name.strip_prefix(TREE_PREFIX) else {
