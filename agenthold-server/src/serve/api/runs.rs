@@ -360,7 +360,7 @@ async fn run_output(
 ) -> ApiResult<Json<RunOutput>> {
     let entry = run_entry(&state, &caller, &ws, &agent, &run, Action::View).await?;
     let record = entry.record();
-    let lines = state.runs.raw_lines(&record.agent, &record.id).await?;
+    let lines = state.runs.raw_lines(&entry).await?;
     Ok(Json(RunOutput {
         lines,
         truncated: record.truncated,

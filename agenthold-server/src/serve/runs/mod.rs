@@ -254,6 +254,9 @@ pub(crate) struct RunEntry {
     exec: Option<Arc<ExecEntry>>,
     /// Its agent was deleted: nothing more is stored.
     forgotten: AtomicBool,
+    /// The raw standard output lines once the run ended, until the ended run is stored (its end is visible
+    /// before the store has it).
+    raw: Mutex<Option<Arc<Vec<String>>>>,
 }
 
 impl RunEntry {
@@ -265,6 +268,7 @@ impl RunEntry {
             tick,
             exec,
             forgotten: AtomicBool::new(false),
+            raw: Mutex::new(None),
         }
     }
 
@@ -343,8 +347,16 @@ impl RunEntry {
         self.tick.send_replace(latest);
     }
 
-    /// Record the end and wake everyone; returns the record and the events to store.
-    fn finish(&self, state: RunState, exit_code: Option<i64>, truncated: bool) -> (RunRecord, Vec<RunEvent>) {
+    /// Record the end (with the run's raw output `raw`) and wake everyone; returns the record and the
+    /// events to store.
+    fn finish(
+        &self,
+        state: RunState,
+        exit_code: Option<i64>,
+        truncated: bool,
+        raw: Arc<Vec<String>>,
+    ) -> (RunRecord, Vec<RunEvent>) {
+        *lock(&self.raw) = Some(raw);
         let (latest, events, truncated) = {
             let mut log = lock(&self.log);
             if truncated {
@@ -558,12 +570,13 @@ impl Runs {
         truncated |= raw.truncated();
         let exec_record = exec.record();
         let state = state_of(exec_record.state, exec_record.exit_code);
-        let (record, events) = entry.finish(state, exec_record.exit_code, truncated);
+        let raw = Arc::new(raw.all());
+        let (record, events) = entry.finish(state, exec_record.exit_code, truncated, Arc::clone(&raw));
         tracing::info!(agent = %agent, run = %id, state = state.as_str(), exit_code = ?record.exit_code, "run ended");
         {
             let _guard = self.persist.lock().await;
             if !entry.forgotten.load(Ordering::SeqCst)
-                && let Err(e) = record::save_ended(self.store.as_ref(), &record, &events, &raw.all()).await
+                && let Err(e) = record::save_ended(self.store.as_ref(), &record, &events, &raw).await
             {
                 tracing::error!(agent = %agent, run = %id, error = %e, "could not store an ended run");
             }
@@ -602,11 +615,17 @@ impl Runs {
         Ok(Some(Arc::new(RunEntry::new(rec, log, None))))
     }
 
-    /// The raw standard output lines of an ended run (bounded; empty while it runs or once lost).
+    /// The raw standard output lines of the ended run `entry` (bounded; empty while it runs or once lost):
+    /// the entry's own until the store has them.
     ///
     /// # Errors
     /// A store error.
-    pub(crate) async fn raw_lines(&self, agent: &AgentId, run: &str) -> ApiResult<Vec<String>> {
+    pub(crate) async fn raw_lines(&self, entry: &RunEntry) -> ApiResult<Vec<String>> {
+        if let Some(raw) = lock(&entry.raw).as_ref() {
+            return Ok(raw.to_vec());
+        }
+        let record = lock(&entry.record).clone();
+        let (agent, run) = (&record.agent, &record.id);
         Ok(record::load_raw(self.store.as_ref(), agent, run)
             .await?
             .unwrap_or_default())
