@@ -20,11 +20,20 @@ macro_rules! in_dir {
 pub const DIR: &str = "/.agenthold";
 /// The sandboxd binary inside a sandbox (bind-mounted read-only by the runtime).
 pub const SANDBOXD: &str = in_dir!("bin/sandboxd");
-/// The boot token file, written by the runtime before every start, deleted by `boot` once read.
-pub const BOOT_FILE: &str = in_dir!("boot");
+/// The directory the runtime bind-mounts (read-write, mode 0700, owned by root) from the host for the boot
+/// token: the runtime writes the token there before every start without an engine call, and `boot`'s
+/// delete reaches the host.
+pub const BOOT_DIR: &str = in_dir!("boot.d");
+/// The boot token file in [`BOOT_DIR`], written by the runtime before every start, deleted by `boot` once
+/// read.
+pub const BOOT_FILE: &str = in_dir!("boot.d/token");
+/// Where sandboxd read the boot token before [`BOOT_DIR`] existed. Sandboxes made then still mount the
+/// sandboxd of their version, which reads it here; the runtime uploads their token to this path.
+pub const LEGACY_BOOT_FILE: &str = in_dir!("boot");
 /// Mode of [`BOOT_FILE`]: readable by its owner only.
 pub const BOOT_FILE_MODE: u32 = 0o400;
-/// The installation's CA certificate (PEM), written by the runtime with the boot token.
+/// The installation's CA certificate (PEM): one file on the host, bind-mounted read-only into every
+/// sandbox (uploaded with the token into sandboxes made before [`BOOT_DIR`]).
 pub const CA_FILE: &str = in_dir!("ca.crt");
 /// Mode of [`CA_FILE`]: a certificate is public.
 pub const CA_FILE_MODE: u32 = 0o444;
@@ -286,17 +295,29 @@ mod tests {
 
     #[test]
     fn paths_live_under_the_agenthold_directory() {
-        for path in [SANDBOXD, BOOT_FILE, CA_FILE, CA_BUNDLE, RUN_DIR, SEND_SOCKET] {
+        for path in [
+            SANDBOXD,
+            BOOT_DIR,
+            BOOT_FILE,
+            LEGACY_BOOT_FILE,
+            CA_FILE,
+            CA_BUNDLE,
+            RUN_DIR,
+            SEND_SOCKET,
+        ] {
             assert!(
                 path.starts_with(DIR) && path[DIR.len()..].starts_with('/'),
                 "{path}"
             );
         }
-        assert_eq!(BOOT_FILE, "/.agenthold/boot");
+        assert_eq!(BOOT_FILE, "/.agenthold/boot.d/token");
+        assert!(BOOT_FILE.starts_with(&format!("{BOOT_DIR}/")));
+        // What sandboxd of earlier versions reads: fixed for good.
+        assert_eq!(LEGACY_BOOT_FILE, "/.agenthold/boot");
         assert_eq!(CA_FILE, "/.agenthold/ca.crt");
         assert_eq!(CA_BUNDLE, "/.agenthold/ca-bundle.pem");
         assert_eq!(SANDBOXD, "/.agenthold/bin/sandboxd");
-        assert_eq!(relative(BOOT_FILE), ".agenthold/boot");
+        assert_eq!(relative(BOOT_FILE), ".agenthold/boot.d/token");
     }
 
     #[test]

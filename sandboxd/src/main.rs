@@ -26,9 +26,10 @@
 //! (no CPU), reaps any child that exits, and exits 0 on SIGTERM or SIGINT.
 //!
 //! ## `boot`: PID 1 of every sandbox
-//! 1. Waits up to 30 s (polling every 100 ms) for `/.agenthold/boot`: exactly 64 lowercase hex characters (a
-//!    256-bit token; one trailing newline is tolerated), written by the runtime before every start. The file is
-//!    deleted as soon as it has been read; the token then lives only in sandboxd's memory, and the process is
+//! 1. Waits up to 30 s (polling every 100 ms) for `/.agenthold/boot.d/token`: exactly 64 lowercase hex
+//!    characters (a 256-bit token; one trailing newline is tolerated), written by the runtime before every
+//!    start (`/.agenthold/boot.d` is a directory the runtime bind-mounts from the host). The file is deleted
+//!    as soon as it has been read; the token then lives only in sandboxd's memory, and the process is
 //!    made non-dumpable so `/proc/1/mem` is closed to the sandbox (S2, S10). Missing or malformed: exit 1.
 //! 2. CA (E14), never fatal (failures are logged to stderr): reads `/.agenthold/ca.crt` (PEM) and writes
 //!    `/.agenthold/ca-bundle.pem` = the image's system bundle (first existing of

@@ -1,4 +1,4 @@
-//! The boot token: read once from `/.agenthold/boot`, deleted at once, kept only in this process's memory
+//! The boot token: read once from `/.agenthold/boot.d/token`, deleted at once, kept only in this process's memory
 //! (S2, S10). Never printed: [`BootToken`]'s `Debug` is redacted and there is no `Display`.
 // enforces: S2
 

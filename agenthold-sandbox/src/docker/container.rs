@@ -1,9 +1,13 @@
 //! The sandbox container itself (S1, E2, E12, E14): how it is created (hardening, limits, network
-//! settings, the read-only sandboxd mount) and how each start is prepared (a fresh boot token and the CA
-//! written into it before the engine starts it).
+//! settings, the read-only sandboxd mount) and how each start is prepared (a fresh boot token put where
+//! sandboxd finds it: a host directory mounted into the sandbox, so no engine call is on the way to the
+//! start; uploaded into sandboxes made before that mount).
 // enforces: E2 S1
 
+use std::io::Write as _;
 use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
 
 use agenthold_core::AgentId;
 use agenthold_core::sandbox::ContainerSpec;
@@ -12,7 +16,9 @@ use bollard::body_full;
 use bollard::models::{
     ContainerCreateBody, HostConfig, Mount, MountType, RestartPolicy, RestartPolicyNameEnum,
 };
-use bollard::query_parameters::{CreateContainerOptionsBuilder, UploadToContainerOptions};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, InspectContainerOptions, UploadToContainerOptions,
+};
 use bytes::Bytes;
 use sandboxd::contract;
 
@@ -132,6 +138,22 @@ pub(crate) async fn create(
             read_only: Some(true),
             ..Default::default()
         },
+        // The boot token: written here on the host before every start (`write_boot_token`), deleted by
+        // sandboxd once read. Read-write so that the delete reaches the host.
+        Mount {
+            target: Some(contract::BOOT_DIR.to_owned()),
+            source: Some(boot_dir(config, agent).display().to_string()),
+            typ: Some(MountType::BIND),
+            read_only: Some(false),
+            ..Default::default()
+        },
+        Mount {
+            target: Some(contract::CA_FILE.to_owned()),
+            source: Some(ca_file(config).display().to_string()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
+            ..Default::default()
+        },
     ];
     let body = ContainerCreateBody {
         image: Some(spec.image().to_owned()),
@@ -200,17 +222,112 @@ fn write_resolv_conf(
     Ok(path)
 }
 
-/// Write the boot token and the CA into the (stopped) container, for sandboxd to pick up at start.
-pub(crate) async fn write_boot_files(
+/// The host directory mounted at [`contract::BOOT_DIR`] in `agent`'s sandbox.
+pub(crate) fn boot_dir(config: &DockerConfig, agent: &AgentId) -> PathBuf {
+    config.state_dir.join("boot").join(agent.as_str())
+}
+
+/// The host file mounted read-only at [`contract::CA_FILE`] in every sandbox.
+fn ca_file(config: &DockerConfig) -> PathBuf {
+    config.state_dir.join("ca.crt")
+}
+
+/// A name for a file being written in `dir` that nobody can have planted in advance (the sandbox can write
+/// into its boot directory).
+fn unguessable_name(dir: &Path, prefix: &str) -> Result<PathBuf> {
+    let mut bytes = [0u8; 12];
+    getrandom::fill(&mut bytes).map_err(|e| Error::Unavailable {
+        problem: format!("the operating system's random number generator failed: {e}"),
+    })?;
+    Ok(dir.join(format!("{prefix}{}", hex::encode(bytes))))
+}
+
+/// Write `contents` to `path` with `mode` through a new file in the same directory renamed over it: whatever
+/// was at `path` (a symlink the sandbox planted, say) is replaced, never followed, and the new file is
+/// made with `O_EXCL`, which follows no link either.
+fn replace_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let tmp = unguessable_name(dir, ".agenthold-")?;
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .and_then(|mut file| file.write_all(contents))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    written.map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(format!("write {}", path.display()), e)
+    })
+}
+
+/// The installation's CA in [`ca_file`], written when it is missing or differs (a running sandbox keeps
+/// the file it was started with; the next boot mounts the new one).
+fn write_ca_file(config: &DockerConfig) -> Result<()> {
+    let path = ca_file(config);
+    if std::fs::read(&path).is_ok_and(|pem| pem == config.ca_pem.as_bytes()) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&config.state_dir)
+        .map_err(|e| Error::io(format!("create {}", config.state_dir.display()), e))?;
+    replace_file(&path, config.ca_pem.as_bytes(), contract::CA_FILE_MODE)
+}
+
+/// Put `token` where `agent`'s sandbox reads it at its next boot: the host side of its
+/// [`contract::BOOT_DIR`] (made here, mode 0700), and the CA beside all sandboxes. No engine call: the
+/// sandbox can be created and started at once. The directory is the sandbox's to write in as well; the
+/// token replaces whatever it put at the token's name.
+pub(crate) fn write_boot_token(config: &DockerConfig, agent: &AgentId, token: &str) -> Result<()> {
+    write_ca_file(config)?;
+    let dir = boot_dir(config, agent);
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| Error::io(format!("create {}", parent.display()), e))?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            // The mount's root: the sandbox cannot replace it, but it can change its mode.
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| Error::io(format!("chmod {}", dir.display()), e))?;
+        }
+        Err(e) => return Err(Error::io(format!("create {}", dir.display()), e)),
+    }
+    let name = Path::new(contract::BOOT_FILE).file_name().unwrap_or_default();
+    replace_file(&dir.join(name), token.as_bytes(), contract::BOOT_FILE_MODE)
+}
+
+/// Put `token` where `agent`'s created sandbox reads it at its next boot: [`write_boot_token`] for a
+/// sandbox with the boot directory mounted, an upload for one made before that mount existed.
+pub(crate) async fn put_boot_token(
     engine: &Engine,
+    config: &DockerConfig,
     agent: &AgentId,
     token: &str,
-    ca_pem: &str,
 ) -> Result<()> {
+    let found = engine
+        .docker
+        .inspect_container(&container_name(agent), None::<InspectContainerOptions>)
+        .await
+        .map_err(|e| Error::engine(format!("inspect the sandbox of {agent}"), e))?;
+    let mounted = found
+        .mounts
+        .unwrap_or_default()
+        .iter()
+        .any(|m| m.destination.as_deref() == Some(contract::BOOT_DIR));
+    if mounted {
+        write_boot_token(config, agent, token)
+    } else {
+        upload_legacy_boot_files(engine, agent, token, &config.ca_pem).await
+    }
+}
+
+/// Write the boot token and the CA into a sandbox made before [`contract::BOOT_DIR`] existed, where the
+/// sandboxd of its version reads them ([`contract::LEGACY_BOOT_FILE`]).
+async fn upload_legacy_boot_files(engine: &Engine, agent: &AgentId, token: &str, ca_pem: &str) -> Result<()> {
     let tar = archive::pack(
         &[
             Entry {
-                path: contract::relative(contract::BOOT_FILE),
+                path: contract::relative(contract::LEGACY_BOOT_FILE),
                 mode: contract::BOOT_FILE_MODE,
                 data: token.as_bytes(),
             },

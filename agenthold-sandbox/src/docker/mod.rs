@@ -276,12 +276,12 @@ impl DockerSandbox {
     }
 
     /// The first half of a boot, for a created container that is not running: a fresh token, its hash
-    /// expected by the tunnel and persisted, the token and the CA written into the container.
+    /// expected by the tunnel and persisted, the token put where the sandbox reads it.
     async fn prepare_boot(&self, agent: &AgentId) -> Result<()> {
         let (token, hash) = new_token();
         self.tunnel.expect(agent, hash);
         topology::save_token(self.store.as_ref(), agent, Some(hash)).await?;
-        container::write_boot_files(&self.engine, agent, &token, &self.config.ca_pem).await
+        container::put_boot_token(&self.engine, &self.config, agent, &token).await
     }
 
     /// The second half of a boot: start the prepared container and plug it into `net`.
@@ -390,17 +390,17 @@ impl DockerSandbox {
         let sandbox_side = async {
             let made_volume = ensure_volume(&self.engine, agent).await?;
             let started = async {
-                let ca = &self.config.ca_pem;
+                // On the host, before the create (it mounts the token's directory): no engine call.
+                container::write_boot_token(&self.config, agent, &token)?;
                 container::create(&self.engine, agent, spec, &planned, &self.config).await?;
-                container::write_boot_files(&self.engine, agent, &token, ca).await?;
                 // Dropped unsent: the network side failed, and says why.
                 let Ok(net) = network_known.await else {
                     return Ok(());
                 };
                 if net != planned {
+                    // Never started, so the token is still in place for the container made again.
                     remove_sandbox_container(&self.engine, agent).await?;
                     container::create(&self.engine, agent, spec, &net, &self.config).await?;
-                    container::write_boot_files(&self.engine, agent, &token, ca).await?;
                 }
                 self.start_prepared(agent).await
             };
@@ -479,6 +479,9 @@ impl DockerSandbox {
         }
         drop(topo);
         let _ = std::fs::remove_file(self.config.state_dir.join("resolv").join(format!("{agent}.conf")));
+        // What the sandbox may have left in its boot directory goes with it (`remove_dir_all` follows no
+        // link the sandbox planted there).
+        let _ = std::fs::remove_dir_all(container::boot_dir(&self.config, agent));
         self.exec_env.forget(self.store.as_ref(), agent).await?;
         if !keep_volume {
             let options = RemoveVolumeOptions { force: true };

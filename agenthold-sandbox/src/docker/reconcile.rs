@@ -17,7 +17,7 @@ use bollard::query_parameters::{EventsOptions, InspectContainerOptions};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::container::{container_name, write_boot_files};
+use super::container::{container_name, put_boot_token};
 use super::{DockerSandbox, topology};
 use crate::docker::engine::{LABEL_AGENT, LABEL_INSTANCE, LABEL_ROLE, is_not_found};
 use crate::docker::holder::Holder;
@@ -73,7 +73,7 @@ impl DockerSandbox {
         let (token, hash) = new_token();
         self.tunnel.expect(agent, hash);
         topology::save_token(self.store.as_ref(), agent, Some(hash)).await?;
-        write_boot_files(&self.engine, agent, &token, &self.config.ca_pem).await
+        put_boot_token(&self.engine, &self.config, agent, &token).await
     }
 
     /// Re-attach every served agent when the holder was replaced or is gone: a restarted holder's namespace

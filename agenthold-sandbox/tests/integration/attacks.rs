@@ -282,6 +282,74 @@ async fn the_runtime_plugs_the_sandbox_in_at_every_start() {
     .await;
 }
 
+/// The boot token's directory is a host directory the sandbox can write in (sandboxd deletes the token
+/// there). Root in the sandbox plants a link at the token's name, and other files, and opens the
+/// directory's mode; the runtime's next boot replaces the link instead of writing through it, closes the
+/// directory again, and the sandbox boots with the new token. The removal takes the directory with it.
+// covers: S2
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn a_link_planted_in_the_boot_directory_is_never_followed() {
+    use agenthold_sandbox::tunnel::TunnelStatus;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let env = Env::start().await;
+    env.guard(async {
+        let a = env.sandbox(None).await;
+        let boot_dir = env.dir.path().join("run").join("boot").join(a.as_str());
+        let entries = |dir: &std::path::Path| -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        let left = env.sh(&a, "ls -A /.agenthold/boot.d").await.ok();
+        assert_eq!(left.stdout, "", "sandboxd deletes the token once read");
+        assert!(entries(&boot_dir).is_empty(), "nor is it left on the host");
+
+        let victim_dir = tempfile::tempdir().unwrap();
+        let victim = victim_dir.path().join("victim");
+        std::fs::write(&victim, "original").unwrap();
+        let plant = format!(
+            "ln -s {v} /.agenthold/boot.d/token && ln -s {v} /.agenthold/boot.d/.agenthold-x && \
+             chmod 777 /.agenthold/boot.d && echo junk > /.agenthold/boot.d/junk",
+            v = victim.display()
+        );
+        env.sh(&a, &plant).await.ok();
+        env.runtime.stop(&a).await.unwrap();
+        env.runtime.start(&a).await.unwrap();
+        let connected = wait_for(Duration::from_secs(15), || async {
+            env.runtime.tunnel_status(&a) == TunnelStatus::Connected
+        });
+        assert!(
+            connected.await.is_some(),
+            "the sandbox did not boot with its new token"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "original",
+            "written through the link"
+        );
+        assert!(
+            !std::fs::symlink_metadata(&victim)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        let mode = std::fs::metadata(&boot_dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "the directory is closed again at the boot");
+        // The token replaced the link and was deleted once read; what else was planted stays, harmless.
+        assert_eq!(entries(&boot_dir), [".agenthold-x", "junk"]);
+
+        env.runtime.remove(&a).await.unwrap();
+        assert!(!boot_dir.exists(), "the directory goes with the sandbox");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "original");
+    })
+    .await;
+}
+
 // covers: E2, S1
 #[tokio::test]
 #[ignore = "needs root and Docker: run with make test"]

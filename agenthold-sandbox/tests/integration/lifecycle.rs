@@ -328,6 +328,71 @@ async fn stop_and_start_keep_the_volume_and_renew_the_tunnel_token() {
     .await;
 }
 
+/// A sandbox made before the boot token had its own mounted directory (no `/.agenthold/boot.d` mount; it
+/// mounts the sandboxd of its version, which reads `/.agenthold/boot`) still gets a fresh token and the CA
+/// at every start, uploaded where that sandboxd reads them. Such a container is made here by hand, as
+/// earlier versions made it, with a stand-in for their sandboxd as PID 1.
+// covers: S2
+#[tokio::test]
+#[ignore = "needs root and Docker: run with make test"]
+async fn a_sandbox_made_before_the_boot_directory_still_gets_its_token() {
+    let env = Env::start().await;
+    env.guard(async {
+        let a = env.sandbox(None).await;
+        let name = format!("agenthold-{a}");
+        let inspect = |format: &str| {
+            let out = host("docker", &["inspect", "-f", format, &name]);
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8(out.stdout).unwrap().trim().to_owned()
+        };
+        let image = inspect("{{.Config.Image}}");
+        let labels: BTreeMap<String, String> = serde_json::from_str(&inspect("{{json .Config.Labels}}")).unwrap();
+        let sandboxd = inspect(&format!(
+            "{{{{range .Mounts}}}}{{{{if eq .Destination \"{}\"}}}}{{{{.Source}}}}{{{{end}}}}{{{{end}}}}",
+            sandboxd::contract::SANDBOXD
+        ));
+        assert!(!sandboxd.is_empty());
+        let removed = host("docker", &["rm", "-f", &name]);
+        assert!(removed.status.success(), "{removed:?}");
+
+        let mut args: Vec<String> = ["create", "--name", &name, "--network", "none"].map(str::to_owned).into();
+        for (k, v) in &labels {
+            args.extend(["--label".to_owned(), format!("{k}={v}")]);
+        }
+        args.extend([
+            "-v".to_owned(),
+            format!("{sandboxd}:{}:ro", sandboxd::contract::SANDBOXD),
+            "--entrypoint".to_owned(),
+            "sleep".to_owned(),
+            image,
+            "infinity".to_owned(),
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let created = host("docker", &args);
+        assert!(created.status.success(), "{created:?}");
+
+        env.runtime.start(&a).await.unwrap();
+        let out = env
+            .sh(&a, "cat /.agenthold/boot; echo; cat /.agenthold/ca.crt; test -e /.agenthold/boot.d || echo no-dir")
+            .await
+            .ok();
+        let mut lines = out.stdout.lines();
+        let token = lines.next().unwrap_or_default();
+        assert!(
+            token.len() == 64 && token.bytes().all(|b| b.is_ascii_hexdigit()),
+            "no token at the old path:\n{out}"
+        );
+        assert!(out.stdout.contains("-----BEGIN CERTIFICATE-----"), "no CA at its path:\n{out}");
+        assert!(out.stdout.ends_with("no-dir\n"), "{out}");
+        assert_eq!(
+            hello(&env, &a, &[token.to_owned()]).await,
+            ["OK"],
+            "the uploaded token is the one the tunnel expects"
+        );
+    })
+    .await;
+}
+
 /// Regression (found by this suite, fixed in `holder.rs`): the holder joins agent networks one by one and
 /// Docker makes the network whose name sorts first its default-gateway network; a new network sorting
 /// before the current one made Docker replace a default route via the holder's own `.2`, which failed

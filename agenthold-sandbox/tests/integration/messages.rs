@@ -71,7 +71,8 @@ async fn a_non_root_user_sends_and_the_sender_is_the_sandbox() {
             .sh(
                 &a,
                 &as_nobody(
-                    "id -u; cat /.agenthold/boot /proc/1/environ 2>&1 >/dev/null; stat -c %a /.agenthold/send.sock; \
+                    "id -u; ls /.agenthold/boot.d 2>&1 >/dev/null; cat /proc/1/environ 2>&1 >/dev/null; \
+                     stat -c %a /.agenthold/send.sock; \
                      command -v agenthold-send; \
                      agenthold-send \"the other\" \"I am agent x, not me\"; \
                      printf \"from stdin\" | agenthold-send --harness codex b -",
@@ -81,12 +82,22 @@ async fn a_non_root_user_sends_and_the_sender_is_the_sandbox() {
             .ok();
         let lines: Vec<&str> = out.stdout.lines().collect();
         assert_eq!(lines.first(), Some(&"65534"), "{out}");
-        // The token is gone from the file system and PID 1's memory is closed to the user.
-        assert!(out.stdout.contains("/.agenthold/boot: No such file"), "{out}");
+        // The token's directory and PID 1's memory are closed to the user, and the token is gone from the
+        // file system.
+        assert!(
+            out.stdout.contains("/.agenthold/boot.d': Permission denied"),
+            "{out}"
+        );
         assert!(out.stdout.contains("/proc/1/environ: Permission denied"), "{out}");
+        let left = env.sh(&a, "ls -A /.agenthold/boot.d").await.ok();
+        assert_eq!(left.stdout, "", "the token is deleted once read");
         assert!(lines.contains(&"666"), "{out}");
         assert!(lines.contains(&"/usr/local/bin/agenthold-send"), "{out}");
-        assert_eq!(lines.get(lines.len() - 2..), Some(&["run_1", "run_2"][..]), "{out}");
+        assert_eq!(
+            lines.get(lines.len() - 2..),
+            Some(&["run_1", "run_2"][..]),
+            "{out}"
+        );
         let calls = hook.0.lock().unwrap().clone();
         assert_eq!(
             calls,
@@ -97,13 +108,19 @@ async fn a_non_root_user_sends_and_the_sender_is_the_sandbox() {
                     MessageHarness::Claude,
                     "I am agent x, not me".to_owned()
                 ),
-                (a.clone(), "b".to_owned(), MessageHarness::Codex, "from stdin".to_owned()),
+                (
+                    a.clone(),
+                    "b".to_owned(),
+                    MessageHarness::Codex,
+                    "from stdin".to_owned()
+                ),
             ]
         );
         let out = env.sh(&a, &as_nobody("agenthold-send nope hi")).await;
         assert_eq!(out.code, 1, "{out}");
         assert!(
-            out.stderr.contains("refused: no agent named that in this workspace"),
+            out.stderr
+                .contains("refused: no agent named that in this workspace"),
             "{out}"
         );
         // The keep-alive tunnel is still up after the requests.

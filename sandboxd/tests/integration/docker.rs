@@ -39,10 +39,11 @@ impl Drop for Container {
 }
 
 impl Container {
-    /// Copies the boot token and the CA in (as the runtime does before every start) and starts the container.
+    /// Copies the boot token and the CA in (as the runtime does for a sandbox made before `BOOT_DIR`, the
+    /// other paths of which are the runtime suite's) and starts the container.
     fn start(&self, dir: &std::path::Path) {
         let staging = dir.join(contract::relative(contract::DIR));
-        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::create_dir_all(dir.join(contract::relative(contract::BOOT_DIR))).unwrap();
         std::fs::write(dir.join(contract::relative(BOOT_FILE)), TOKEN).unwrap();
         std::fs::write(dir.join(contract::relative(CA_FILE)), CA).unwrap();
         // Copying the directory works before the first start, when /.agenthold does not exist yet.

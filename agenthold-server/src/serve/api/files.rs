@@ -303,6 +303,7 @@ mod tests {
             "/home/dev/.codex/auth.json",
             "/root/.config/gh/hosts.yml",
             "/.agenthold/boot",
+            "/.agenthold/boot.d/token",
             "/.agenthold/run/x.pid",
             "/.agenthold",
         ] {
