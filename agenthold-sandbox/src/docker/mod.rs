@@ -64,8 +64,12 @@ pub struct DockerSandbox {
     store: Arc<dyn Store>,
     config: DockerConfig,
     topology: TopologyLock,
-    /// Agents agenthold itself started and whose start event the watcher has not seen yet.
-    starting: Mutex<HashSet<AgentId>>,
+    /// Agents agenthold itself started, with how many of those starts the watcher has not seen yet (a
+    /// create whose planned subnet the engine refused starts two containers in a row).
+    starting: Mutex<HashMap<AgentId, u32>>,
+    /// Agents whose sandbox container a create is making again (the engine refused the planned subnet):
+    /// the death of the container being replaced revokes nothing.
+    remaking: Mutex<HashSet<AgentId>>,
     /// Itself, for the event watcher [`Sandbox::reconcile`] starts.
     this: Weak<Self>,
     /// Ends the event watcher (the runtime's shutdown).
@@ -129,7 +133,8 @@ impl DockerSandbox {
             store,
             config,
             topology: TopologyLock::default(),
-            starting: Mutex::new(HashSet::new()),
+            starting: Mutex::new(HashMap::new()),
+            remaking: Mutex::new(HashSet::new()),
             this: this.clone(),
             shutdown,
             watching: AtomicBool::new(false),
@@ -170,8 +175,35 @@ impl DockerSandbox {
         &self.engine
     }
 
-    fn starting(&self) -> std::sync::MutexGuard<'_, HashSet<AgentId>> {
+    fn starting(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, u32>> {
         self.starting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a create is making `agent`'s sandbox container again ([`Self::remaking`]).
+    fn is_remade(&self, agent: &AgentId) -> bool {
+        self.remaking
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(agent)
+    }
+
+    /// Count one start of `agent`'s sandbox by agenthold itself, until its event is seen.
+    fn mark_start(&self, agent: &AgentId) {
+        *self.starting().entry(agent.clone()).or_default() += 1;
+    }
+
+    /// Whether a start of `agent`'s sandbox was agenthold's own (and one fewer is now awaited): called for
+    /// every start event, and for a start that failed (it makes no event).
+    fn own_start(&self, agent: &AgentId) -> bool {
+        let mut starting = self.starting();
+        match starting.get_mut(agent) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                true
+            }
+            Some(_) => starting.remove(agent).is_some(),
+            None => false,
+        }
     }
 
     fn ahead(&self) -> std::sync::MutexGuard<'_, HashMap<AgentId, exec::Ahead>> {
@@ -293,14 +325,14 @@ impl DockerSandbox {
     /// Start the prepared container; it has loopback only until [`Self::plug`].
     async fn start_prepared(&self, agent: &AgentId) -> Result<()> {
         // Marked until the event watcher sees this start, so it does not mistake it for a foreign one.
-        self.starting().insert(agent.clone());
+        self.mark_start(agent);
         let started = self
             .engine
             .docker
             .start_container(&container_name(agent), None::<StartContainerOptions>)
             .await;
         started.map_err(|e| {
-            self.starting().remove(agent);
+            self.own_start(agent);
             Error::engine(format!("start the sandbox of {agent}"), e)
         })
     }
@@ -343,14 +375,14 @@ impl DockerSandbox {
         let mut topo = self.topology.lock("create a sandbox network").await?;
         let planned = self.allocate(&mut topo, agent).await?;
         // Two branches once the subnet is chosen: the network side (the engine's network, the record, then
-        // the gateway side: host firewall, holder join, rules, listeners) and the sandbox side (volume,
-        // container, boot files, start). The sandbox is not an endpoint of the network: it has loopback only
+        // the gateway side: host firewall, holder join, rules, listeners) and the sandbox side (boot token,
+        // volume, container, start). The sandbox is not an endpoint of the network: it has loopback only
         // until it is plugged in (`network::plug_sandbox`), which waits for both sides, so the rules and
-        // listeners exist before its first packet (E1). The start waits only for the engine's network
+        // listeners exist before its first packet (E1). The start waits for nothing of the network side
         // (should the engine refuse the planned subnet, the container, whose environment names that
-        // subnet's `.2`, is made again for the one that exists). Both run to their end (no cancelling a
-        // branch halfway through an engine call, which could make an object after the teardown looked for
-        // it); a teardown removes whatever exists.
+        // subnet's `.2`, is made and started again for the one that exists). Both run to their end (no
+        // cancelling a branch halfway through an engine call, which could make an object after the teardown
+        // looked for it); a teardown removes whatever exists.
         made.attached = true;
         made.container = true;
         // The boot token's hash goes into the record the network side saves (a boot's usual
@@ -393,16 +425,34 @@ impl DockerSandbox {
                 // On the host, before the create (it mounts the token's directory): no engine call.
                 container::write_boot_token(&self.config, agent, &token)?;
                 container::create(&self.engine, agent, spec, &planned, &self.config).await?;
-                // Dropped unsent: the network side failed, and says why.
+                self.start_prepared(agent).await?;
+                // Dropped unsent: the network side failed, and says why (its teardown removes this).
                 let Ok(net) = network_known.await else {
                     return Ok(());
                 };
                 if net != planned {
-                    // Never started, so the token is still in place for the container made again.
-                    remove_sandbox_container(&self.engine, agent).await?;
-                    container::create(&self.engine, agent, spec, &net, &self.config).await?;
+                    // Rare: the engine refused the planned subnet, which the environment names. The started
+                    // sandbox was never plugged in (it had loopback only); it is made again for the real
+                    // network, with the same token written again (the first boot took it). Until the new one
+                    // runs, the event watcher takes the old one's death for what it is (`on_event`).
+                    let remade = async {
+                        remove_sandbox_container(&self.engine, agent).await?;
+                        container::write_boot_token(&self.config, agent, &token)?;
+                        container::create(&self.engine, agent, spec, &net, &self.config).await?;
+                        self.start_prepared(agent).await
+                    };
+                    self.remaking
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(agent.clone());
+                    let remade = remade.await;
+                    self.remaking
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(agent);
+                    remade?;
                 }
-                self.start_prepared(agent).await
+                Ok::<_, Error>(())
             };
             Ok::<_, Error>((made_volume, started.await))
         };

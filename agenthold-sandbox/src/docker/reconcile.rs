@@ -221,7 +221,7 @@ impl DockerSandbox {
         match (role, action, agent) {
             (Some("gateway"), "start" | "die", _) => self.restore_gateway().await,
             (Some("sandbox"), "start", Some(agent)) => {
-                if self.starting().remove(agent) {
+                if self.own_start(agent) {
                     return Ok(());
                 }
                 tracing::info!(agent = %agent, "sandbox started outside agenthold; issuing a boot token");
@@ -233,8 +233,9 @@ impl DockerSandbox {
                 }
             }
             (Some("sandbox"), "die", Some(agent)) => {
-                // A late event of an earlier stop must not revoke the token of a boot that followed it.
-                if self.is_running(agent).await? {
+                // A late event of an earlier stop must not revoke the token of a boot that followed it; nor
+                // must the death of a container being replaced (the new one boots with the same token).
+                if self.is_remade(agent) || self.is_running(agent).await? {
                     return Ok(());
                 }
                 self.tunnel.revoke(agent);

@@ -475,6 +475,15 @@ async fn networks_made_by_others_meanwhile_are_stepped_over() {
             "200",
             "the second agent has egress"
         );
+        // Its container was started on the planned subnet, then made and started again on the real one:
+        // the first container's death did not revoke the token the second one boots with.
+        let connected = wait_for(Duration::from_secs(15), || async {
+            env.runtime.tunnel_status(&second) == TunnelStatus::Connected
+        });
+        assert!(
+            connected.await.is_some(),
+            "the second agent's tunnel does not come up"
+        );
         for i in 0..foreign.len() {
             let _ = docker
                 .remove_network(&format!("agenthold-it-foreign-{}-{i}", env.instance))
