@@ -705,9 +705,6 @@ fn add_events(sample: &mut Sample, recorder: &Recorder, instance: &str) {
             t.mark_first("container created", &events, |e| {
                 e.is("container", "create") && e.name() == own
             });
-            t.mark_first("boot files uploaded", &events, |e| {
-                e.is("container", "extract-to-dir") && e.name() == own
-            });
             t.mark_first("container started", &events, |e| {
                 e.is("container", "start") && e.name() == own
             });
@@ -929,7 +926,7 @@ fn covers(kind: Kind, name: &str) -> &'static str {
     }
     match name {
         "network created" => {
-            "beside the volume, container and upload: require_image, list networks (at most every 10 s), \
+            "beside the volume, container and start: require_image, list networks (at most every 10 s), \
              inspect + create network"
         }
         "holder container created" => {
@@ -941,8 +938,9 @@ fn covers(kind: Kind, name: &str) -> &'static str {
              nft set elements, listeners)"
         }
         "container created" => "create container",
-        "boot files uploaded" => "tar packed, upload (PUT archive)",
-        "container started" => "start container on network none (runc), once the network exists",
+        "container started" => {
+            "boot token written on the host (before the create); start container on network none (runc)"
+        }
         "create_sandbox returns" => {
             "start request returns; gateway side done; plug: inspect, veth pair and address (2 `ip` runs)"
         }
