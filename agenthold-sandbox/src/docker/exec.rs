@@ -53,7 +53,7 @@ pub(crate) async fn start_raw(
     };
     let (exec_id, output, input) = attach(engine, agent, options).await?;
     feed(input, request.stdin).await;
-    Ok(into_stream(engine, id, exec_id, output, None))
+    Ok(into_stream(engine, agent, id, exec_id, output, None))
 }
 
 /// Give a command its stdin and close it (at once when there is none). Fed from a task, so a command that
@@ -93,16 +93,55 @@ async fn attach(
     Ok((created.id, output, input))
 }
 
-/// The engine's output of exec `exec_id` as the stream of the command known as `id`: `first` (output read
-/// already), the rest of `output`, then the exit code once the output is drained.
+/// How often the sandbox of a command whose output is still open is checked for life (see [`stopped`]).
+const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Resolves once `container` no longer runs (or is gone), looking every [`ALIVE_EVERY`]; an engine that
+/// does not answer keeps it waiting. The engine normally ends an exec's output when its container stops,
+/// but not always: when a gVisor sandbox failed under load, the engine lost the exec's exit and its output
+/// stayed open for good.
+async fn stopped(engine: Engine, container: String) {
+    loop {
+        tokio::time::sleep(ALIVE_EVERY).await;
+        match engine
+            .docker
+            .inspect_container(
+                &container,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+        {
+            Ok(c) if c.state.as_ref().and_then(|s| s.running) == Some(true) => {}
+            Ok(_) => return,
+            Err(e) if is_not_found(&e) => return,
+            Err(_) => {}
+        }
+    }
+}
+
+/// The engine's output of exec `exec_id` in `agent`'s sandbox as the stream of the command known as `id`:
+/// `first` (output read already), the rest of `output`, then the exit code once the output is drained. If
+/// the sandbox stops while the output is open and the engine does not end it, the stream ends with an
+/// error instead of waiting for good.
 fn into_stream(
     engine: &Engine,
+    agent: &AgentId,
     id: String,
     exec_id: String,
     output: Output,
     first: Option<ExecChunk>,
 ) -> ExecStream {
-    let chunks = output.filter_map(|item| {
+    let died = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watch = {
+        let died = std::sync::Arc::clone(&died);
+        let stopped = stopped(engine.clone(), container_name(agent));
+        async move {
+            stopped.await;
+            died.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    };
+    let agent = agent.clone();
+    let chunks = output.take_until(Box::pin(watch)).filter_map(|item| {
         future::ready(match item {
             Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => {
                 Some(Ok(ExecChunk::Stdout(message.into())))
@@ -112,8 +151,16 @@ fn into_stream(
             Err(e) => Some(Err(Error::engine("read command output", e).into())),
         })
     });
-    let exit = stream::once(exit_code(engine.clone(), exec_id))
-        .map(|code| code.map(ExecChunk::Exit).map_err(agenthold_core::Error::from));
+    let engine = engine.clone();
+    let exit = stream::once(async move {
+        if died.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Unavailable {
+                problem: format!("the sandbox of {agent} stopped while the command ran"),
+            });
+        }
+        exit_code(engine, exec_id).await
+    })
+    .map(|code| code.map(ExecChunk::Exit).map_err(agenthold_core::Error::from));
     ExecStream::new(id, stream::iter(first.map(Ok)).chain(chunks).chain(exit))
 }
 
@@ -253,7 +300,7 @@ pub(crate) async fn start_with(
     };
     feed(input, request.stdin).await;
     let first = (!rest.is_empty()).then_some(ExecChunk::Stdout(rest));
-    Ok(Ok(into_stream(engine, id, exec_id, output, first)))
+    Ok(Ok(into_stream(engine, agent, id, exec_id, output, first)))
 }
 
 /// How long [`exit_code`] waits for the engine to reap a command whose output closed.

@@ -2,8 +2,6 @@
 //! path and the explicit proxy with curl, Python and git; DNS; secrets seen only as placeholders inside
 //! while the upstream receives the value; the CA installed and trusted, once, across a restart.
 
-use std::time::Duration;
-
 use agenthold_egress::datapath::{EnvValue, SANDBOX_ENV};
 use agenthold_egress::log::{Decision, LogKind};
 use agenthold_sandbox::tunnel::TunnelStatus;
@@ -256,10 +254,7 @@ async fn secrets_are_placeholders_inside_and_the_ca_is_trusted_once() {
     let env = Env::start().await;
     env.guard(async {
         let agent = env.sandbox(None).await;
-        let connected = wait_for(Duration::from_secs(10), || async {
-            env.runtime.tunnel_status(&agent) == TunnelStatus::Connected
-        });
-        assert!(connected.await.is_some(), "the tunnel does not come up");
+        assert!(env.tunnel_comes_up(&agent).await, "the tunnel does not come up");
 
         // Placeholders only, before any upstream could echo the value back into the sandbox.
         let out = env

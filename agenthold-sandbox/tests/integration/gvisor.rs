@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use agenthold_core::SandboxSpec;
+use agenthold_core::sandbox::ExecRequest;
 
 use crate::support::*;
 
@@ -111,6 +112,20 @@ async fn a_gvisor_sandbox_keeps_the_datapath() {
         let out = env.sh(&a, &check).await.ok();
         assert_eq!(out.stdout.trim(), "200 200 denied=56\ndns=2", "{out}");
         assert_eq!(env.up.canary_requests(), 0);
+
+        // A gVisor sandbox that fails (here: its sandbox process killed) leaves the engine without the
+        // exit of a running exec, whose output it then never closes (seen once in make test, when the
+        // sandbox failed under load). The command's stream still ends, with an error.
+        let request = ExecRequest {
+            argv: vec!["sleep".into(), "120".into()],
+            ..Default::default()
+        };
+        let running = env.runtime.exec_stream(&a, request).await.unwrap();
+        let killed = host("kill", &["-9", &container(&a).await.pid.to_string()]);
+        assert!(killed.status.success(), "{killed:?}");
+        let ended = tokio::time::timeout(Duration::from_secs(60), running.collect()).await;
+        let err = ended.expect("the command's stream did not end").unwrap_err();
+        assert!(err.to_string().contains("stopped while the command ran"), "{err}");
     })
     .await;
     drop(registered);

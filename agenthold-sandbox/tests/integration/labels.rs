@@ -122,11 +122,7 @@ async fn a_spec_naming_another_agent_in_a_label_is_refused_and_its_tunnel_stays_
     let env = Env::start().await;
     env.guard(async {
         let b = env.sandbox(None).await;
-        let up = wait_for(Duration::from_secs(15), || async {
-            env.runtime.tunnel_status(&b) == TunnelStatus::Connected
-        })
-        .await;
-        assert!(up.is_some(), "B's tunnel does not come up");
+        assert!(env.tunnel_comes_up(&b).await, "B's tunnel does not come up");
         let mut results = Vec::new();
         for labels in [
             vec![("agenthold.agent", b.as_str())],

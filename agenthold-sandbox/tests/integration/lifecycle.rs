@@ -305,11 +305,8 @@ async fn stop_and_start_keep_the_volume_and_renew_the_tunnel_token() {
             env.runtime.inspect(&a).await.unwrap().state,
             SandboxState::Running
         );
-        let connected = wait_for(Duration::from_secs(15), || async {
-            env.runtime.tunnel_status(&a) == TunnelStatus::Connected
-        });
         assert!(
-            connected.await.is_some(),
+            env.tunnel_comes_up(&a).await,
             "the new boot's tunnel does not come up"
         );
         assert_eq!(
@@ -477,11 +474,8 @@ async fn networks_made_by_others_meanwhile_are_stepped_over() {
         );
         // Its container was started on the planned subnet, then made and started again on the real one:
         // the first container's death did not revoke the token the second one boots with.
-        let connected = wait_for(Duration::from_secs(15), || async {
-            env.runtime.tunnel_status(&second) == TunnelStatus::Connected
-        });
         assert!(
-            connected.await.is_some(),
+            env.tunnel_comes_up(&second).await,
             "the second agent's tunnel does not come up"
         );
         for i in 0..foreign.len() {

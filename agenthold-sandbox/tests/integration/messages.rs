@@ -3,7 +3,6 @@
 //! sender, whatever the request says.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use agenthold_core::AgentId;
 use agenthold_sandbox::Runtime;
@@ -62,11 +61,7 @@ async fn a_non_root_user_sends_and_the_sender_is_the_sandbox() {
     let env = Env::from_parts(runtime, up, dir);
     env.guard(async {
         let a = env.sandbox(None).await;
-        let up = wait_for(Duration::from_secs(15), || async {
-            env.runtime.tunnel_status(&a) == TunnelStatus::Connected
-        })
-        .await;
-        assert!(up.is_some(), "the tunnel does not come up");
+        assert!(env.tunnel_comes_up(&a).await, "the tunnel does not come up");
         let out = env
             .sh(
                 &a,

@@ -253,6 +253,15 @@ impl Env {
         agent
     }
 
+    /// Whether `agent`'s sandboxd gets a live tunnel within 30 s.
+    pub async fn tunnel_comes_up(&self, agent: &AgentId) -> bool {
+        wait_for(Duration::from_secs(30), || async {
+            self.runtime.tunnel_status(agent) == agenthold_sandbox::tunnel::TunnelStatus::Connected
+        })
+        .await
+        .is_some()
+    }
+
     /// A fresh agent id, greater than every id this environment handed out before.
     pub fn next_agent(&self) -> AgentId {
         let n = self.agents.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -59,11 +59,10 @@ async fn a_tunnel_flood_is_bounded_and_another_agents_tunnel_reconnects() {
     env.guard(async {
         let attacker = env.sandbox(None).await;
         let victim = env.sandbox(None).await;
-        let up = wait_for(Duration::from_secs(15), || async {
-            env.runtime.tunnel_status(&victim) == TunnelStatus::Connected
-        })
-        .await;
-        assert!(up.is_some(), "the victim's tunnel does not come up");
+        assert!(
+            env.tunnel_comes_up(&victim).await,
+            "the victim's tunnel does not come up"
+        );
         let baseline = open_fds();
         let flooding = std::sync::atomic::AtomicBool::new(true);
         let flood = async {
@@ -125,11 +124,10 @@ async fn a_tunnel_flood_is_bounded_and_another_agents_tunnel_reconnects() {
             .await
             .ok();
         // The attacker's own sandboxd gets its tunnel back once the flood ends.
-        let back = wait_for(Duration::from_secs(30), || async {
-            env.runtime.tunnel_status(&attacker) == TunnelStatus::Connected
-        })
-        .await;
-        assert!(back.is_some(), "the attacker's own tunnel did not come back");
+        assert!(
+            env.tunnel_comes_up(&attacker).await,
+            "the attacker's own tunnel did not come back"
+        );
     })
     .await;
 }
