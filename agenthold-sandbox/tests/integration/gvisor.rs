@@ -93,6 +93,9 @@ async fn a_gvisor_sandbox_keeps_the_datapath() {
         let a = env
             .sandbox(Some(SandboxSpec {
                 runtime: Some("runsc".into()),
+                // gVisor's own host threads count against the PID limit: the suite's 128 made the sandbox
+                // fail on a busy machine (docs/runtime.md, "Sandbox hardening").
+                pids: Some(1024),
                 ..spec()
             }))
             .await;
